@@ -1,0 +1,36 @@
+# Airflow 3.3.2 (Python 3.11) with Java 17, Spark + Delta and this project.
+# Build: docker build -t rebalance:latest .
+
+# Delta Lake JARs (include/jars/pom.xml) with their runtime dependencies.
+FROM maven:3.9-eclipse-temurin-17 AS delta-jars
+COPY include/jars/pom.xml /build/pom.xml
+RUN mvn -q -B -f /build/pom.xml dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory=/build/jars
+
+# A Java 17 runtime for Spark, independent of the base image's Debian release.
+FROM eclipse-temurin:17-jre AS java
+
+FROM apache/airflow:slim-3.3.2-python3.11
+USER root
+COPY --from=java /opt/java/openjdk /opt/java/openjdk
+ENV JAVA_HOME=/opt/java/openjdk \
+    PATH=/opt/java/openjdk/bin:$PATH \
+    REBALANCE_JARS_DIR=/opt/rebalance/jars \
+    REBALANCE_DATA_DIR=/opt/airflow/data
+RUN mkdir -p /opt/rebalance /opt/airflow/data && chown -R airflow:0 /opt/rebalance /opt/airflow/data
+USER airflow
+
+COPY --chown=airflow:0 requirements.txt constraints.txt pyproject.toml README.md /opt/rebalance/
+COPY --chown=airflow:0 include/ /opt/rebalance/include/
+RUN pip install --no-cache-dir -r /opt/rebalance/requirements.txt -c /opt/rebalance/constraints.txt \
+ && pip install --no-cache-dir --no-deps /opt/rebalance
+
+COPY --from=delta-jars --chown=airflow:0 /build/jars /tmp/delta-jars
+RUN bash /opt/rebalance/include/scripts/fetch_jars.sh /opt/rebalance/jars \
+        "$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
+        /tmp/delta-jars \
+ && rm -rf /tmp/delta-jars
+
+COPY --chown=airflow:0 dags/ /opt/airflow/dags/
+COPY --chown=airflow:0 plugins/ /opt/airflow/plugins/
+COPY --chown=airflow:0 spark_apps/ /opt/airflow/spark_apps/

@@ -1,0 +1,69 @@
+# One-command setup, test and demo. Everything lands in git-ignored folders
+# under the repository: .venv (Python), .jars (Delta Lake JARs), .airflow
+# (Airflow home, SQLite), .data (Delta tables and checkpoints).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+JARS := $(CURDIR)/.jars
+
+export AIRFLOW_HOME ?= $(CURDIR)/.airflow
+export AIRFLOW__CORE__DAGS_FOLDER ?= $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER ?= $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
+export REBALANCE_JARS_DIR ?= $(JARS)
+export PYTHONDONTWRITEBYTECODE := 1
+
+PYTEST_ARGS ?=
+
+.PHONY: help setup check-prereqs test test-unit demo bench constraints clean
+
+help:
+	@echo "make setup      create .venv, install requirements, fetch Delta JARs, init Airflow"
+	@echo "make test       setup, then run the whole test suite (unit + Spark/Delta/Airflow integration)"
+	@echo "make test-unit  setup, then run the fast unit tests only"
+	@echo "make demo       setup, then run the end-to-end demo on local Spark, Delta and Airflow"
+	@echo "make bench      run the planning benchmark"
+
+setup: check-prereqs $(VENV)/.installed $(JARS)/.complete $(AIRFLOW_HOME)/.initialised
+
+check-prereqs:
+	@bash include/scripts/check_prereqs.sh "$(PYTHON)"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24"
+
+$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml | $(PY)
+	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+$(JARS)/.complete: include/jars/pom.xml include/scripts/fetch_jars.sh $(VENV)/.installed
+	bash include/scripts/fetch_jars.sh $(JARS) "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
+	touch $@
+
+$(AIRFLOW_HOME)/.initialised: $(VENV)/.installed
+	mkdir -p $(AIRFLOW_HOME)
+	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/db-migrate.log 2>&1 || { tail -n 30 $(AIRFLOW_HOME)/db-migrate.log; exit 1; }
+	touch $@
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m rebalance.demo
+
+bench: setup
+	$(PY) include/benchmarks/plan_benchmark.py
+
+# Regenerate the transitive pins after changing requirements.txt.
+constraints: | $(PY)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(rebalance|pip|setuptools)==' > constraints.txt
+
+clean:
+	rm -rf $(VENV) $(JARS) $(AIRFLOW_HOME) .data .pytest_cache .hypothesis

@@ -1,0 +1,113 @@
+"""
+### Rebalance hot keys of the streaming job
+
+Every interval (default every 10 minutes, `REBALANCE_SCHEDULE`) this DAG reads the
+per-key histograms the streaming job stored in Delta for the run's data interval,
+decides with the trigger rules of seed 004 whether the job is imbalanced, computes a
+new assignment with the chosen planner, checks it with Great Expectations, publishes
+it as a new assignment version, optionally waits for a person's approval, makes it
+live, and verifies the prediction on the next window(s).
+
+`windows -> detect -> plan -> validate -> publish -> (approve) -> apply -> verify`
+
+* A skipped task says why in its log (too few windows or events, balanced, not worth it).
+* A plan failing validation is stored as **rejected** and the run fails; nothing is applied.
+* **Backfill** runs store what-if plans only; the live assignment is never touched.
+* Re-running any task gives the same plan id and adds no Delta version.
+* Audit trail: `rebalance history`; undo: `rebalance rollback --to-version V`.
+
+The work is library code: `rebalance.pipeline`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pendulum
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import Param, PokeReturnValue, TriggerRule, dag, task
+
+from rebalance import pipeline
+
+
+@dag(
+    dag_id=pipeline.DAG_ID,
+    schedule=pipeline.timetable(),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    params={name: Param(**spec) for name, spec in pipeline.PARAMS_SCHEMA.items()},
+    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
+    tags=["rebalance"],
+    doc_md=__doc__,
+)
+def rebalance():
+    @task
+    def windows(params=None, dag_run=None, data_interval_start=None, data_interval_end=None) -> dict:
+        """Pick the stored histogram windows of this run's data interval and pin their
+        Delta version; skip when there are too few valid windows or events."""
+        return pipeline.read_windows(params, dag_run.dag_id, dag_run.run_id, dag_run.run_type,
+                                     data_interval_start, data_interval_end)
+
+    @task
+    def detect(windows: dict) -> dict:
+        """Seed 004 trigger rules on the current assignment (MLDC > 0.5, enough events,
+        no plan live in the last 3 periods); skip when balanced unless `force`."""
+        return pipeline.detect(windows)
+
+    @task
+    def plan(detected: dict) -> dict:
+        """Compute the new assignment with the chosen `method` and store it as proposed;
+        skip when it improves MLDC by no more than 0.3 unless `force`."""
+        return pipeline.plan(detected)
+
+    @task
+    def validate(planned: dict) -> dict:
+        """Great Expectations gate: every key once, instances in range, no nulls,
+        imbalance <= 1 + theta, migration and table size within bounds. Failing plans
+        are stored as rejected and this task fails."""
+        return pipeline.validate(planned)
+
+    @task
+    def publish(validated: dict) -> dict:
+        """Store the plan's assignment as a new assignment version (a what-if plan for
+        backfill runs and dry-run), with dag, run, plan and metrics in the Delta commit."""
+        return pipeline.publish(validated)
+
+    @task.branch
+    def approval_gate(published: dict) -> str:
+        """Ask a person when `require_approval` is set, else go straight to apply."""
+        return "approve" if pipeline.needs_approval(published) else "no_approval_needed"
+
+    approve = ApprovalOperator(
+        task_id="approve",
+        subject="Apply rebalance plan {{ ti.xcom_pull(task_ids='publish')['plan']['plan_id'] }}?",
+        body="{{ ti.xcom_pull(task_ids='publish')['plan'] | tojson }}",
+        defaults="Reject",
+        response_timeout=dt.timedelta(hours=1),
+        doc_md="Approve to make the published assignment version live; reject (or no answer "
+               "within an hour) leaves the live assignment as it is.",
+    )
+    no_approval_needed = EmptyOperator(task_id="no_approval_needed")
+
+    @task(trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
+    def apply(published: dict) -> dict:
+        """Make the published version live (live switch, or controlled restart when
+        state must move), under the apply lease; never for backfill or what-if plans."""
+        return pipeline.apply(published)
+
+    @task.sensor(poke_interval=10, timeout=dt.timedelta(hours=2), mode="poke")
+    def verify(applied: dict) -> PokeReturnValue:
+        """Wait for the next window(s) under the new assignment and record the realised
+        imbalance on the plan; fail when it does not match the prediction."""
+        return PokeReturnValue(**pipeline.verify(applied))
+
+    published = publish(validate(plan(detect(windows()))))
+    approval_gate(published) >> [approve, no_approval_needed]
+    applied = apply(published)
+    [approve, no_approval_needed] >> applied
+    verify(applied)
+
+
+rebalance()

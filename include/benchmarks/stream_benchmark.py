@@ -1,0 +1,282 @@
+"""Streaming benchmark: the keyed job's throughput and its per-instance balance.
+
+    python include/benchmarks/stream_benchmark.py            # about 6 minutes on 2 cores
+    python include/benchmarks/stream_benchmark.py --quick    # smaller, about 3 minutes
+
+1. Throughput: the same events (Zipf, one generator batch per micro-batch) are
+   processed by the job with and without histogram emission, after one warm-up
+   run, alternating the order; events/s is the valid events divided by the
+   summed micro-batch durations of the keyed query (first batch of each run
+   excluded), median over the repeats. Target ratio >= 0.85.
+2. Balance: on Zipf 1.0 with simulated per-event work (task time follows load),
+   the job runs once under hash routing, a routing table is planned from that
+   run's key histograms (``rebalance.planners`` "mixed"; LPT of the hot keys if
+   the planner is unavailable), published, and the job runs again on the same
+   events. Per window (= micro-batch) it reports max/mean of the operator's
+   task time across instances. Targets: <= 1.15 balanced, >= 2 under hash.
+
+Figures are wall-clock on whatever else the machine runs; the output says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """One job run: valid events, processing seconds (batches after the first), wall seconds."""
+
+    events: int
+    seconds: float
+    wall: float
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds else float("nan")
+
+
+def run_job(spark, config) -> RunStats:
+    """Run the job to completion (availableNow); time the keyed query's batches."""
+    from rebalance.streaming.job import start_job
+
+    started = time.perf_counter()
+    job = start_job(spark, config)
+    job.await_termination()
+    wall = time.perf_counter() - started
+    progress = list(job.keyed.recentProgress)
+    steady = [p for p in progress if p["batchId"] > progress[0]["batchId"]]
+    return RunStats(events=sum(p["numInputRows"] for p in steady),
+                    seconds=sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000,
+                    wall=wall)
+
+
+def copy_events(source_root: Path, target_root: Path) -> None:
+    """A fresh tables root holding the same ``events`` table (same input for every run)."""
+    shutil.copytree(source_root / "events", target_root / "events")
+
+
+def throughput(spark, work: Path, args) -> dict:
+    from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
+    from rebalance.streaming.job import JobConfig
+
+    source = work / "throughput-events"
+    gen = GeneratorConfig(n_keys=args.keys, zipf=args.zipf, events_per_batch=args.events,
+                          batch_seconds=10.0, n_instances=args.instances, cost_sigma=0.5,
+                          seed=args.seed)
+    append_batches(spark, EventGenerator(gen), range(args.batches), str(source))
+    def config(histograms: bool, name: str) -> JobConfig:
+        root = work / f"throughput-{name}"
+        copy_events(source, root)
+        return JobConfig(n_instances=args.instances, window_seconds=10.0 * args.window_batches,
+                         n_windows=args.window_batches, watermark_seconds=5.0,
+                         emit_histograms=histograms, max_files_per_trigger=1, name=name,
+                         tables_root=str(root), checkpoint_root=str(root / "checkpoints"))
+
+    run_job(spark, config(True, "warmup"))  # JIT, Python workers, Delta caches: not counted
+    runs: dict[bool, list[RunStats]] = {True: [], False: []}
+    for repeat in range(args.repeats):
+        order = (True, False) if repeat % 2 == 0 else (False, True)  # no order bias
+        for histograms in order:
+            name = f"h{int(histograms)}r{repeat}"
+            runs[histograms].append(run_job(spark, config(histograms, name)))
+            print(f"  histograms={histograms!s:5} repeat {repeat}: "
+                  f"{runs[histograms][-1].events_per_second:8.0f} events/s "
+                  f"(wall {runs[histograms][-1].wall:.1f} s)", flush=True)
+    with_h = statistics.median(r.events_per_second for r in runs[True])
+    without = statistics.median(r.events_per_second for r in runs[False])
+    return {"events_per_second_with_histograms": with_h,
+            "events_per_second_without_histograms": without, "ratio": with_h / without}
+
+
+def plan_routing(spark, root: str, n_instances: int, theta: float) -> tuple[dict[str, int], str]:
+    """Routing table from the hash run's key histograms: seed 003 Mixed, else LPT of hot keys."""
+    from pyspark.sql import functions as F
+
+    from rebalance.spark import tables
+
+    hist = (tables.read(spark, tables.KEY_HISTOGRAMS, root).groupBy("key")
+            .agg(F.sum("cost").alias("load"), F.max("state_bytes").alias("state"),
+                 F.first("default_instance").alias("default"))
+            .toPandas())
+    keys = hist["key"].to_numpy(dtype=object)
+    load = hist["load"].to_numpy(dtype=float)
+    default = hist["default"].to_numpy(dtype=np.int64)
+    try:
+        from rebalance.model import PlanParams, Problem
+        from rebalance.planners import get_planner
+
+        problem = Problem(keys=keys, load=load, state=hist["state"].to_numpy(dtype=float),
+                          current=default, default=default, n_instances=n_instances)
+        assignment = get_planner("mixed").plan(problem, PlanParams(theta=theta)).assignment
+        method = "mixed (rebalance.planners)"
+    except ImportError:
+        assignment = lpt_hot_keys(load, default, n_instances, hot=4 * n_instances)
+        method = "LPT of the hot keys (inline)"
+    routing = {str(k): int(a) for k, a, d in zip(keys, assignment, default) if a != d}
+    return routing, method
+
+
+def lpt_hot_keys(load: np.ndarray, default: np.ndarray, n_instances: int, hot: int) -> np.ndarray:
+    """Place the ``hot`` heaviest keys, heaviest first, on the least-loaded instance,
+    over the load the other keys put on their default instances."""
+    order = np.argsort(-load)
+    assignment = default.copy()
+    hot_keys = order[:hot]
+    rest = np.ones(len(load), dtype=bool)
+    rest[hot_keys] = False
+    loads = np.bincount(default[rest], weights=load[rest], minlength=n_instances)
+    for k in hot_keys:
+        target = int(np.argmin(loads))
+        assignment[k] = target
+        loads[target] += load[k]
+    return assignment
+
+
+def window_imbalance(spark, root: str, skip_first: int = 1) -> dict:
+    """Per window, max/mean across instances of task time and of load (first windows skipped)."""
+    from rebalance.spark import tables
+
+    hist = tables.read(spark, tables.INSTANCE_HISTOGRAMS, root).toPandas()
+    windows = sorted(hist["window_start"].unique())[skip_first:]
+    ratios: dict[str, list[float]] = {"task_ms": [], "cpu_ms": [], "load": []}
+    for window in windows:
+        rows = hist[hist["window_start"] == window]
+        n = rows["instance"].nunique()
+        for column, values in ratios.items():
+            values.append(float(rows[column].max() / (rows[column].sum() / n)))
+    out: dict = {"windows": len(windows)}
+    for column, values in ratios.items():
+        out[f"{column}_max_over_mean_median"] = float(np.median(values))
+        out[f"{column}_max_over_mean_per_window"] = [round(x, 3) for x in values]
+    return out
+
+
+def balance(spark, work: Path, args) -> dict:
+    from rebalance.placement import default_instances
+    from rebalance.spark import tables
+    from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
+    from rebalance.streaming.job import JobConfig
+
+    gen = EventGenerator(GeneratorConfig(
+        n_keys=args.balance_keys, zipf=1.0, events_per_batch=args.balance_events,
+        batch_seconds=10.0, n_instances=args.balance_instances, seed=args.seed))
+    freq = gen.frequencies(0)
+    model = np.bincount(default_instances(gen.keys, args.balance_instances), weights=freq,
+                        minlength=args.balance_instances)
+    source = work / "balance-events"
+    append_batches(spark, gen, range(args.balance_batches), str(source))
+    config = JobConfig(n_instances=args.balance_instances, window_seconds=10.0, n_windows=2,
+                       watermark_seconds=5.0, work_us_per_cost=args.work_us_per_cost,
+                       max_files_per_trigger=1)
+    out = {"expected_hash_load_max_over_mean": float(model.max() / model.mean())}
+    roots = {name: work / f"balance-{name}" for name in ("hash", "balanced")}
+    for name, root in roots.items():
+        copy_events(source, root)
+        run_config = replace(config, name=name, tables_root=str(root),
+                             checkpoint_root=str(root / "checkpoints"))
+        if name == "balanced":
+            routing, method = plan_routing(spark, str(roots["hash"]), args.balance_instances,
+                                           args.theta)
+            tables.publish_assignment(spark, routing, args.balance_instances,
+                                      {"method": method}, str(root))
+            out["planner"] = method
+            out["routing_table_size"] = len(routing)
+        run_job(spark, run_config)
+        out[name] = window_imbalance(spark, str(root))
+        print(f"  {name:8}: max/mean across instances, median over windows: task time "
+              f"{out[name]['task_ms_max_over_mean_median']:.2f}, operator CPU time "
+              f"{out[name]['cpu_ms_max_over_mean_median']:.2f}, load "
+              f"{out[name]['load_max_over_mean_median']:.2f}", flush=True)
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer and smaller batches")
+    p.add_argument("--part", choices=("all", "throughput", "balance"), default="all")
+    p.add_argument("--keys", type=int, default=1000)
+    p.add_argument("--zipf", type=float, default=1.0)
+    p.add_argument("--events", type=int, default=20_000, help="events per batch (throughput)")
+    p.add_argument("--batches", type=int, default=12, help="batches (throughput)")
+    p.add_argument("--window-batches", type=int, default=6,
+                   help="batches per histogram window (throughput)")
+    p.add_argument("--instances", type=int, default=4, help="instances (throughput)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per mode (median reported)")
+    p.add_argument("--balance-instances", type=int, default=8)
+    p.add_argument("--balance-keys", type=int, default=1000)
+    p.add_argument("--balance-events", type=int, default=20_000)
+    p.add_argument("--balance-batches", type=int, default=7)
+    p.add_argument("--work-us-per-cost", type=float, default=200.0,
+                   help="simulated CPU work per event (balance)")
+    p.add_argument("--theta", type=float, default=0.05, help="planner imbalance bound")
+    p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.events, args.batches, args.window_batches, args.repeats = 10_000, 8, 4, 2
+        args.balance_events, args.balance_batches = 10_000, 5
+    return args
+
+
+def report_throughput(spark, work: Path, args) -> dict:
+    print(f"throughput: {args.batches} batches x {args.events} events, K={args.keys}, "
+          f"z={args.zipf}, N={args.instances}, window = {args.window_batches} batches", flush=True)
+    t = throughput(spark, work, args)
+    print(f"  with histograms {t['events_per_second_with_histograms']:.0f} events/s, without "
+          f"{t['events_per_second_without_histograms']:.0f} events/s, ratio {t['ratio']:.3f} "
+          "(target >= 0.85)", flush=True)
+    return t
+
+
+def report_balance(spark, work: Path, args) -> dict:
+    print(f"balance: {args.balance_batches} batches x {args.balance_events} events, "
+          f"K={args.balance_keys}, z=1.0, N={args.balance_instances}, "
+          f"{args.work_us_per_cost} us of work per event", flush=True)
+    b = balance(spark, work, args)
+    print(f"  expected hash load max/mean from the model: "
+          f"{b['expected_hash_load_max_over_mean']:.2f}; planner: {b['planner']}, "
+          f"routing table {b['routing_table_size']} keys")
+    for column, label in (("task_ms", "task time"), ("cpu_ms", "operator CPU time")):
+        print(f"  {label} max/mean (median over windows): hash "
+              f"{b['hash'][f'{column}_max_over_mean_median']:.2f} (target >= 2), balanced "
+              f"{b['balanced'][f'{column}_max_over_mean_median']:.2f} (target <= 1.15)")
+    return b
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from rebalance.spark.session import get_spark
+
+    spark = get_spark("rebalance-stream-benchmark", master=args.master, conf={
+        "spark.ui.enabled": "false", "spark.databricks.delta.snapshotPartitions": "2"})
+    work = Path(tempfile.mkdtemp(prefix="stream-benchmark-"))
+    figures: dict = {}
+    try:
+        if args.part in ("all", "throughput"):
+            figures["throughput"] = report_throughput(spark, work, args)
+        if args.part in ("all", "balance"):
+            figures["balance"] = report_balance(spark, work, args)
+        print(f"machine load average at the end: {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} cores")
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=2))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

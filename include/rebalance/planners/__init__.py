@@ -1,0 +1,42 @@
+"""Planner registry: one name per planner, one module each.
+
+>>> from rebalance.planners import get_planner
+>>> get_planner("mixed").plan(problem, PlanParams(theta=0.08))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from ..model import PlanningError
+from .base import Planner, Proposal, finish_plan
+
+# name -> "module:Class"; modules are imported on first use.
+_REGISTRY = {
+    "hash": "baselines:HashPlanner",
+    "lpt": "baselines:LptPlanner",
+    "elb": "elb:ElbPlanner",
+    "clb": "clb:ClbPlanner",
+    "milp": "milp:MilpPlanner",
+    "mintable": "llfd:MinTablePlanner",
+    "minmig": "llfd:MinMigPlanner",
+    "mixed": "llfd:MixedPlanner",
+    "greedy": "greedy:GreedyPlanner",
+    "auto": "auto:AutoPlanner",
+}
+
+METHODS = tuple(_REGISTRY)
+
+
+def get_planner(name: str) -> Planner:
+    """A new planner instance by method name (see ``METHODS``)."""
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise PlanningError(
+            f"unknown method {name!r}; choose one of {', '.join(METHODS)}") from None
+    module, cls = target.split(":")
+    return getattr(import_module(f"{__name__}.{module}"), cls)()
+
+
+__all__ = ["METHODS", "Planner", "Proposal", "finish_plan", "get_planner"]

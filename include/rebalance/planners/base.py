@@ -1,0 +1,89 @@
+"""The planner interface: every planner takes a Problem and PlanParams and returns a Plan."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..bounds import migration_lower_bound
+from ..model import Metrics, Plan, PlanParams, Problem, evaluate
+
+
+@dataclass
+class Proposal:
+    """What a planner's search returns before evaluation."""
+
+    assignment: np.ndarray
+    notes: list[str] = field(default_factory=list)
+    solver_bound: float | None = None
+
+
+class Planner(ABC):
+    """Base class of all planners.
+
+    Subclasses set ``name`` and implement :meth:`propose`. :meth:`plan` times
+    the search, evaluates the assignment from scratch (so reported metrics are
+    always the recomputed ones), checks the hard limits and adds the lower bound.
+    Planners must be deterministic for the same input and parameters.
+    """
+
+    name: str = ""
+
+    @abstractmethod
+    def propose(self, problem: Problem, params: PlanParams) -> Proposal:
+        """Compute a new assignment (int64 array of length K, values in [0, N))."""
+
+    def plan(self, problem: Problem, params: PlanParams) -> Plan:
+        t0 = time.perf_counter()
+        proposal = self.propose(problem, params)
+        seconds = time.perf_counter() - t0
+        return finish_plan(self.name, problem, params, proposal, seconds)
+
+
+def check_limits(problem: Problem, params: PlanParams, metrics: Metrics,
+                 assignment: np.ndarray) -> list[str]:
+    """Reasons the assignment breaks a hard limit (empty when it meets all of them)."""
+    reasons = []
+    limit = 1.0 + params.theta
+    if metrics.imbalance_after > limit * (1 + 1e-9):
+        reasons.append(f"imbalance {metrics.imbalance_after:.4f} exceeds 1 + theta = {limit:.4f}")
+    if params.max_table is not None and metrics.table_size > params.max_table:
+        reasons.append(f"table size {metrics.table_size} exceeds max table {params.max_table}")
+    if params.budget_bytes is not None and metrics.migration_bytes > params.budget_bytes * (1 + 1e-9):
+        reasons.append(
+            f"migration {metrics.migration_bytes:.0f} bytes exceeds budget {params.budget_bytes:.0f}")
+    if params.budget_keys is not None and metrics.moved_keys > params.budget_keys:
+        reasons.append(f"{metrics.moved_keys} moved keys exceed budget {params.budget_keys}")
+    if problem.drain and np.isin(assignment, list(problem.drain)).any():
+        reasons.append(f"keys remain on drained instances {sorted(problem.drain)}")
+    return reasons
+
+
+def finish_plan(method: str, problem: Problem, params: PlanParams, proposal: Proposal,
+                seconds: float) -> Plan:
+    """Evaluate a proposal into a Plan with metrics, feasibility and lower bound."""
+    a = np.asarray(proposal.assignment, dtype=np.int64)
+    metrics = evaluate(problem, a)
+    reasons = check_limits(problem, params, metrics, a)
+    # Bound for reaching the looser of the target and what this plan reached,
+    # so it is a true lower bound for this plan too.
+    target = max(problem.max_load(params.theta), metrics.max_load_after)
+    lb = migration_lower_bound(problem, target)
+    total_state = float(problem.state.sum())
+    lb_frac = lb / total_state if total_state > 0 and np.isfinite(lb) else (0.0 if lb == 0 else lb)
+    return Plan(
+        method=method,
+        assignment=a,
+        moved=a != problem.current,
+        metrics=metrics,
+        params=params,
+        feasible=not reasons,
+        lower_bound_bytes=lb,
+        lower_bound_fraction=float(lb_frac),
+        plan_seconds=seconds,
+        notes=list(proposal.notes) + reasons,
+        solver_bound=proposal.solver_bound,
+    )

@@ -1,0 +1,477 @@
+"""Delta tables of the control plane: plans, their assignment frames, and leases.
+
+Declared like the job's tables of :mod:`rebalance.spark.tables` (same :class:`Table`
+objects, same root, same helpers), so they can move there as they are:
+
+``plans``
+    One row per plan, keyed by ``plan_id``: ``status`` (:class:`PlanStatus`),
+    ``reasons`` (JSON list), ``method``, ``apply_mode``, ``dag_id``, ``run_id``,
+    ``run_type``, the data interval, ``params`` / ``metrics`` / ``inputs`` /
+    ``validation`` / ``verification`` as JSON strings, the assignment version the
+    plan was computed against (``base_assignment_version``) and the one it became
+    (``assignment_version``, the Delta version of its publish to ``assignments``),
+    predicted and realised imbalance.
+``plan_assignments``
+    The full assignment frame of every plan (the columns :mod:`rebalance.validation`
+    checks: key, instance, current, default, load, state, moved), written once.
+``control``
+    Named leases (``apply``: who may change the live assignment right now).
+
+Idempotency is Delta's own: every write about a plan carries ``txnAppId`` (the plan
+id) and a ``txnVersion`` that grows with its status (:data:`STATUS_ORDER`), so a
+retried step is skipped by Delta and adds no table version, and a step can never be
+written after a later one. Every commit carries ``userMetadata`` (JSON: action, dag
+id, run id, plan id, method, metrics, ...): the Delta history of ``plans`` and
+``assignments`` is the audit log (:mod:`rebalance.audit` prints it).
+
+>>> store = PlanStore(get_spark())                                    # doctest: +SKIP
+>>> store.get("3f2a9c...").status                                     # doctest: +SKIP
+'verified'
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import tables
+from .tables import Table
+
+#: Lease held while a plan changes the live assignment.
+APPLY_LEASE = "apply"
+
+
+class PlanStatus(str, Enum):
+    """Life cycle of a plan. Terminal: rejected, what-if, verified, diverged."""
+
+    PROPOSED = "proposed"      # computed and stored, not yet checked
+    VALIDATED = "validated"    # passed the Great Expectations gate
+    REJECTED = "rejected"      # failed the gate (reasons stored); never applied
+    WHAT_IF = "what-if"        # backfill or dry-run: stored for analysis, never applied
+    PUBLISHED = "published"    # stored and cleared for apply (after approval, if required)
+    APPLIED = "applied"        # its routing table is the live assignment version
+    VERIFIED = "verified"      # realised imbalance matched the prediction
+    DIVERGED = "diverged"      # realised imbalance did not match the prediction
+
+
+#: Delta ``txnVersion`` of each status: writing a status at or below the recorded
+#: one is a retry, and Delta skips it.
+STATUS_ORDER = {
+    PlanStatus.PROPOSED: 1,
+    PlanStatus.VALIDATED: 2,
+    PlanStatus.REJECTED: 2,
+    PlanStatus.WHAT_IF: 3,
+    PlanStatus.PUBLISHED: 3,
+    PlanStatus.APPLIED: 4,
+    PlanStatus.VERIFIED: 5,
+    PlanStatus.DIVERGED: 5,
+}
+#: Statuses of plans whose assignment version became live at some point.
+LIVE_STATUSES = (PlanStatus.APPLIED.value, PlanStatus.VERIFIED.value, PlanStatus.DIVERGED.value)
+
+PLANS = Table(
+    "plans",
+    "plan_id STRING, status STRING, reasons STRING, method STRING, apply_mode STRING, "
+    "dag_id STRING, run_id STRING, run_type STRING, data_interval_start TIMESTAMP, "
+    "data_interval_end TIMESTAMP, params STRING, metrics STRING, inputs STRING, "
+    "validation STRING, verification STRING, base_assignment_version BIGINT, "
+    "assignment_version BIGINT, predicted_imbalance DOUBLE, realised_imbalance DOUBLE, "
+    "created_at TIMESTAMP, updated_at TIMESTAMP",
+    "One row per plan (status, reasons, params, metrics, inputs, validation, verification as "
+    "JSON); every change is one commit whose userMetadata names the action and the plan.")
+PLAN_ASSIGNMENTS = Table(
+    "plan_assignments",
+    "plan_id STRING, key STRING, instance INT, current INT, default INT, load DOUBLE, "
+    "state DOUBLE, moved BOOLEAN",
+    "The assignment frame of every plan, as validated; written once per plan.")
+CONTROL = Table(
+    "control", "name STRING, holder STRING, acquired_at TIMESTAMP, expires_at TIMESTAMP",
+    "Named leases of the control plane (apply: who may change the live assignment).")
+
+#: The control-plane tables by name (to merge into ``tables.TABLES``).
+CONTROL_TABLES: dict[str, Table] = {t.name: t for t in (PLANS, PLAN_ASSIGNMENTS, CONTROL)}
+
+_FRAME_COLUMNS = ("key", "instance", "current", "default", "load", "state", "moved")
+_JSON_FIELDS = ("reasons", "params", "metrics", "inputs", "validation", "verification")
+
+
+class PlanStoreError(RuntimeError):
+    """A control-plane operation cannot proceed (unknown plan, lease held)."""
+
+
+def utcnow() -> dt.datetime:
+    """Now in UTC, to the second (what the tables store)."""
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+
+
+def as_utc(value: Any) -> dt.datetime | None:
+    """A datetime (or ISO string / pandas Timestamp) as an aware UTC datetime.
+
+    Spark returns TIMESTAMP values as naive datetimes in the Python process's local
+    time; the project runs in UTC (session time zone and workers), so naive means UTC.
+    """
+    if value is None or (not isinstance(value, (str, dt.datetime)) and pd.isna(value)):
+        return None
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, pd.Timestamp):
+        value = value.to_pydatetime()
+    value = (value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None
+             else value.astimezone(dt.timezone.utc))
+    # A plain datetime (not a pendulum/pandas subclass): Spark accepts only those.
+    return dt.datetime(value.year, value.month, value.day, value.hour, value.minute,
+                       value.second, value.microsecond, tzinfo=dt.timezone.utc)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def to_json(value: Any) -> str:
+    """Sorted, compact JSON (datetimes as ISO strings, numpy scalars as numbers)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
+
+
+def commit_metadata(**values: Any) -> str:
+    """``userMetadata`` of a Delta commit: the non-None values as sorted JSON."""
+    return to_json({k: v for k, v in values.items() if v is not None})
+
+
+@dataclass
+class PlanRecord:
+    """One row of the ``plans`` table; JSON columns are plain dicts here."""
+
+    plan_id: str
+    status: str
+    method: str
+    dag_id: str
+    run_id: str
+    run_type: str
+    data_interval_start: dt.datetime | None = None
+    data_interval_end: dt.datetime | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    apply_mode: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    validation: dict[str, Any] = field(default_factory=dict)
+    verification: dict[str, Any] = field(default_factory=dict)
+    base_assignment_version: int | None = None
+    assignment_version: int | None = None
+    predicted_imbalance: float | None = None
+    realised_imbalance: float | None = None
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        for name in _JSON_FIELDS:
+            row[name] = to_json(row[name])
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> PlanRecord:
+        values = {f.name: row.get(f.name) for f in fields(cls)}
+        for name in _JSON_FIELDS:
+            values[name] = json.loads(values[name]) if values[name] else None
+            if values[name] is None:
+                values[name] = [] if name == "reasons" else {}
+        for name in ("base_assignment_version", "assignment_version"):
+            values[name] = None if _missing(values[name]) else int(values[name])
+        for name in ("predicted_imbalance", "realised_imbalance"):
+            values[name] = None if _missing(values[name]) else float(values[name])
+        for name in ("data_interval_start", "data_interval_end", "created_at", "updated_at"):
+            values[name] = as_utc(values[name])
+        return cls(**values)
+
+    @property
+    def applied_at(self) -> dt.datetime | None:
+        """When its assignment version went live (None if it never did)."""
+        return as_utc(self.verification.get("applied_at"))
+
+    def summary(self) -> dict[str, Any]:
+        """The small dict Airflow tasks pass on (XCom)."""
+        return {
+            "plan_id": self.plan_id,
+            "status": self.status,
+            "method": self.method,
+            "apply_mode": self.apply_mode,
+            "base_assignment_version": self.base_assignment_version,
+            "assignment_version": self.assignment_version,
+            "imbalance_before": self.metrics.get("imbalance_before"),
+            "predicted_imbalance": self.predicted_imbalance,
+            "realised_imbalance": self.realised_imbalance,
+            "migration_fraction": self.metrics.get("migration_fraction"),
+            "moved_keys": self.metrics.get("moved_keys"),
+            "reasons": list(self.reasons),
+        }
+
+    def commit_values(self) -> dict[str, Any]:
+        """What every commit about this plan records in ``userMetadata``."""
+        keep = ("imbalance_before", "imbalance_after", "migration_bytes", "migration_fraction",
+                "moved_keys", "table_size", "n_keys", "n_instances")
+        values = {
+            "plan_id": self.plan_id,
+            "status": self.status,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "run_type": self.run_type,
+            "method": self.method,
+            "apply_mode": self.apply_mode,
+            "metrics": {k: self.metrics[k] for k in keep if k in self.metrics} or None,
+            "base_assignment_version": self.base_assignment_version,
+            "assignment_version": self.assignment_version,
+            "rollback_to": self.inputs.get("rollback_to"),
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+# Spark session confs are session-wide: one annotated Delta DML at a time.
+_TXN_LOCK = threading.RLock()
+
+
+@contextmanager
+def delta_txn(spark, app_id: str | None, version: int | None, metadata: str | None) -> Iterator[None]:
+    """Make the Delta DML (MERGE/UPDATE/DELETE) run inside the block idempotent and annotated.
+
+    Sets ``spark.databricks.delta.write.txnAppId`` / ``txnVersion`` (Delta skips the
+    commit when this application id already committed this version or a later one)
+    and ``spark.databricks.delta.commitInfo.userMetadata``, and unsets them afterwards.
+    DataFrame writes take the same values as writer options instead.
+    """
+    confs = {
+        "spark.databricks.delta.write.txnAppId": app_id,
+        "spark.databricks.delta.write.txnVersion": None if version is None else str(version),
+        "spark.databricks.delta.commitInfo.userMetadata": metadata,
+    }
+    with _TXN_LOCK:
+        try:
+            for key, value in confs.items():
+                if value is not None:
+                    spark.conf.set(key, value)
+            yield
+        finally:
+            for key in confs:
+                spark.conf.unset(key)
+
+
+def _literal(value: Any, data_type):
+    """A Spark literal column of the given type."""
+    from pyspark.sql import functions as F
+
+    return F.lit(value).cast(data_type)
+
+
+def _sql_str(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace("'", "\\'")
+
+
+class PlanStore:
+    """Plans, their assignment frames, and leases, under one tables root."""
+
+    def __init__(self, spark, root: str | Path | None = None) -> None:
+        self.spark = spark
+        self.root = root
+        self._ready: set[str] = set()
+
+    # ----------------------------------------------------------------- tables
+    def path(self, table: Table = PLANS) -> str:
+        return table.path(self.root)
+
+    def table(self, table: Table):
+        """The Delta table, created on first use (the control table with its lease rows)."""
+        from delta.tables import DeltaTable
+
+        if table.name not in self._ready:
+            if not tables.exists(self.spark, table, self.root):
+                tables.ensure_table(self.spark, table, self.root)
+                if table is CONTROL:
+                    self._add_leases([APPLY_LEASE])
+            self._ready.add(table.name)
+        return DeltaTable.forPath(self.spark, self.path(table))
+
+    def df(self, table: Table):
+        """The table's rows; an empty frame of its schema when it was never written."""
+        if table.name not in self._ready and not tables.exists(self.spark, table, self.root):
+            return self.spark.createDataFrame([], table.schema)
+        return self.table(table).toDF()
+
+    def _add_leases(self, names: list[str]) -> None:
+        rows = [(name, None, None, None) for name in names]
+        tables.append(self.spark.createDataFrame(rows, CONTROL.schema), CONTROL, self.root,
+                      metadata={"action": "create-leases", "leases": names},
+                      txn=(f"control:{','.join(names)}", 0))
+
+    # ------------------------------------------------------------------ plans
+    def get(self, plan_id: str) -> PlanRecord | None:
+        """The plan with this id, or None."""
+        rows = self.df(PLANS).where(f"plan_id = '{_sql_str(plan_id)}'").limit(1).collect()
+        return PlanRecord.from_row(rows[0].asDict()) if rows else None
+
+    def require(self, plan_id: str) -> PlanRecord:
+        record = self.get(plan_id)
+        if record is None:
+            raise PlanStoreError(f"no plan {plan_id!r} in {self.path(PLANS)}")
+        return record
+
+    def find_for_run(self, dag_id: str, run_id: str) -> PlanRecord | None:
+        """The plan a DAG run stored (its retries reuse its inputs), or None."""
+        rows = (self.df(PLANS)
+                .where(f"dag_id = '{_sql_str(dag_id)}' AND run_id = '{_sql_str(run_id)}'")
+                .orderBy("created_at").limit(1).collect())
+        return PlanRecord.from_row(rows[0].asDict()) if rows else None
+
+    def plans(self, statuses: tuple[str, ...] | None = None) -> list[PlanRecord]:
+        """All plans, oldest first (optionally only some statuses)."""
+        df = self.df(PLANS)
+        if statuses:
+            df = df.where(df.status.isin(list(statuses)))
+        return [PlanRecord.from_row(r.asDict())
+                for r in df.orderBy("created_at", "plan_id").collect()]
+
+    def last_live_plan_before(self, when: dt.datetime, exclude_run: str | None = None) -> dt.datetime | None:
+        """End of the data interval of the latest plan that went live, among those planned
+        on data up to ``when`` (excluding one run's plans). Data-interval time, so the
+        cooldown holds for backfills and replays too; a rollback (no interval) counts at
+        the time it was applied."""
+        times = [p.data_interval_end or p.applied_at for p in self.plans(LIVE_STATUSES)
+                 if p.run_id != exclude_run]
+        times = [t for t in times if t is not None and t <= when]
+        return max(times) if times else None
+
+    def propose(self, record: PlanRecord, frame: pd.DataFrame) -> PlanRecord:
+        """Store a new plan (status proposed) and its assignment frame: two appends.
+
+        Both appends are idempotent on their own (``txnAppId`` = the plan id), so a
+        retry, even after a crash between them, adds no duplicate version.
+        """
+        record.status = PlanStatus.PROPOSED.value
+        record.created_at = record.updated_at = utcnow()
+        meta = {"action": "propose", **record.commit_values()}
+        self._write_frame(record.plan_id, frame, meta)
+        self.table(PLANS)
+        tables.append(self.spark.createDataFrame([record.to_row()], PLANS.schema), PLANS,
+                      self.root, metadata=meta,
+                      txn=(record.plan_id, STATUS_ORDER[PlanStatus.PROPOSED]))
+        return record
+
+    def transition(self, plan_id: str, status: PlanStatus, *, action: str, **changes: Any) -> PlanRecord:
+        """Move a plan to ``status`` with the given column changes: one UPDATE, one commit.
+
+        Idempotent: when the plan already reached this status or a later one, the stored
+        record is returned and nothing is written (Delta would skip the commit anyway:
+        its ``txnVersion`` is not above the last one of this plan).
+        """
+        record = self.require(plan_id)
+        if STATUS_ORDER[PlanStatus(record.status)] >= STATUS_ORDER[status]:
+            return record
+        for name, value in changes.items():
+            if name not in PlanRecord.__dataclass_fields__:
+                raise PlanStoreError(f"plans table has no column {name!r}")
+            setattr(record, name, value)
+        record.status = status.value
+        record.updated_at = utcnow()
+        row = record.to_row()
+        types = {f.name: f.dataType for f in PLANS.schema.fields}
+        values = {f"`{c}`": _literal(row[c], types[c]) for c in ("status", "updated_at", *changes)}
+        with delta_txn(self.spark, plan_id, STATUS_ORDER[status],
+                       commit_metadata(action=action, **record.commit_values())):
+            self.table(PLANS).update(f"plan_id = '{_sql_str(plan_id)}'", values)
+        return record
+
+    # ------------------------------------------------------- assignment frames
+    def _write_frame(self, plan_id: str, frame: pd.DataFrame, meta: dict[str, Any]) -> None:
+        pdf = frame.loc[:, list(_FRAME_COLUMNS)].copy()
+        pdf.insert(0, "plan_id", plan_id)
+        pdf["key"] = pdf["key"].astype(str)
+        for c in ("instance", "current", "default"):
+            pdf[c] = pdf[c].astype("int32")
+        for c in ("load", "state"):
+            pdf[c] = pdf[c].astype("float64")
+        pdf["moved"] = pdf["moved"].astype(bool)
+        self.table(PLAN_ASSIGNMENTS)
+        tables.append(self.spark.createDataFrame(pdf, PLAN_ASSIGNMENTS.schema), PLAN_ASSIGNMENTS,
+                      self.root, metadata=meta, txn=(f"{plan_id}:frame", 1))
+
+    def frame(self, plan_id: str) -> pd.DataFrame:
+        """The stored assignment frame of a plan, sorted by key."""
+        pdf = (self.df(PLAN_ASSIGNMENTS).where(f"plan_id = '{_sql_str(plan_id)}'")
+               .drop("plan_id").toPandas())
+        return pdf.sort_values("key", kind="stable").reset_index(drop=True)
+
+    # ------------------------------------------------------------------ lease
+    def acquire(self, name: str, holder: str, ttl_seconds: float) -> bool:
+        """Take the named lease for ``holder`` unless someone else holds a live one.
+
+        One conditional UPDATE of the lease row: Delta's optimistic concurrency makes
+        two racing acquirers conflict, and the loser then reads the winner as holder.
+        Re-acquiring one's own lease succeeds (retries).
+        """
+        from pyspark.sql import functions as F
+
+        now = utcnow()
+        free = (f"name = '{_sql_str(name)}' AND (holder IS NULL OR holder = '{_sql_str(holder)}' "
+                f"OR expires_at < to_timestamp('{now.strftime('%Y-%m-%d %H:%M:%S')}'))")
+        try:
+            with delta_txn(self.spark, None, None,
+                           commit_metadata(action="acquire", lease=name, holder=holder)):
+                self.table(CONTROL).update(free, {
+                    "holder": F.lit(holder), "acquired_at": F.lit(now),
+                    "expires_at": F.lit(now + dt.timedelta(seconds=ttl_seconds))})
+        except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
+            if "Concurrent" not in f"{type(exc).__name__} {str(exc)[:500]}":
+                raise
+        return self.lease_holder(name) == holder
+
+    def release(self, name: str, holder: str) -> None:
+        """Give the lease back (only its holder can; no commit if not held)."""
+        with delta_txn(self.spark, None, None,
+                       commit_metadata(action="release", lease=name, holder=holder)):
+            self.table(CONTROL).update(
+                f"name = '{_sql_str(name)}' AND holder = '{_sql_str(holder)}'",
+                {"holder": "NULL", "expires_at": "NULL"})
+
+    def lease_holder(self, name: str) -> str | None:
+        """Holder of the named lease while it is live, else None."""
+        rows = self.df(CONTROL).where(f"name = '{_sql_str(name)}'").collect()
+        if not rows or rows[0].holder is None:
+            return None
+        expires = as_utc(rows[0].expires_at)
+        return rows[0].holder if expires is not None and expires >= utcnow() else None
+
+    @contextmanager
+    def lease(self, name: str, holder: str, ttl_seconds: float = 900) -> Iterator[None]:
+        """Hold the named lease for the block, or raise PlanStoreError naming the holder."""
+        if not self.acquire(name, holder, ttl_seconds):
+            raise PlanStoreError(
+                f"lease {name!r} is held by {self.lease_holder(name)!r}: another run is "
+                "changing the live assignment, and only one run applies at a time")
+        try:
+            yield
+        finally:
+            self.release(name, holder)
+
+    def history(self, table: Table = PLANS) -> list[tables.Commit]:
+        """Commits of a control-plane table, oldest first (empty when it does not exist)."""
+        if not tables.exists(self.spark, table, self.root):
+            return []
+        return list(reversed(tables.history(self.spark, table, self.root)))

@@ -1,0 +1,138 @@
+"""The one Spark session factory used by every app, test and Airflow task.
+
+It configures, in increasing order of precedence:
+
+1. project defaults: Delta SQL extension and catalog, the RocksDB state store,
+   UTC session time zone, the venv's Python for workers, and ``local[*]`` as
+   master when nothing else names one;
+2. whatever ``spark-submit`` / ``spark-defaults.conf`` already set (so the
+   same apps run unchanged on a cluster);
+3. ``REBALANCE_SPARK_MASTER`` and ``REBALANCE_SPARK_CONF``
+   (``"key=value;key=value"``) from the environment;
+4. ``master=`` and ``conf=`` passed by the caller (e.g. from ``--conf`` flags).
+
+Delta JARs come from the project-local folder filled by ``make jars``
+(``REBALANCE_JARS_DIR``), or from ``spark.jars.packages`` when the user opts in
+with ``REBALANCE_SPARK_PACKAGES=1`` (needs network access to a Maven mirror).
+
+>>> spark = get_spark("my-app", conf={"spark.sql.shuffle.partitions": "4"})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..paths import data_dir, jars_dir
+
+#: Maven coordinate of the Delta build for Spark 4.2 / Scala 2.13 (see include/jars/pom.xml).
+DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+class SparkSetupError(RuntimeError):
+    """The Spark session cannot be configured (e.g. Delta JARs missing)."""
+
+
+def parse_conf(text: str | None) -> dict[str, str]:
+    """Parse ``"k=v;k2=v2"`` (also newline-separated) into a dict, with a clear error."""
+    out: dict[str, str] = {}
+    for item in (text or "").replace("\n", ";").split(";"):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SparkSetupError(f"Spark conf entry {item!r} is not of the form key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def delta_jars(folder: Path | None = None) -> list[Path]:
+    """The JAR files of the project-local Delta folder (empty if absent)."""
+    folder = folder or jars_dir()
+    return sorted(folder.glob("*.jar")) if folder.is_dir() else []
+
+
+def session_conf(app_name: str, master: str | None = None,
+                 conf: Mapping[str, str] | None = None,
+                 submitted: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The full Spark configuration :func:`get_spark` would apply (testable without a JVM).
+
+    ``submitted`` is what spark-submit / spark-defaults set; by default it is
+    read from ``SparkConf()``.
+    """
+    if submitted is None:
+        from pyspark import SparkConf
+
+        submitted = dict(SparkConf().getAll())
+    data = data_dir()
+    settings: dict[str, str] = {
+        "spark.app.name": app_name,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.warehouse.dir": str(data / "warehouse"),
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.ui.showConsoleProgress": "false",
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
+    }
+    if "spark.master" not in submitted:
+        settings["spark.master"] = "local[*]"
+        # Small local jobs: a few shuffle partitions instead of 200.
+        settings["spark.sql.shuffle.partitions"] = "4"
+        settings["spark.driver.extraJavaOptions"] = f"-Dderby.system.home={data / 'derby'}"
+    settings.update(submitted)
+    settings.update(parse_conf(os.environ.get("REBALANCE_SPARK_CONF")))
+    if os.environ.get("REBALANCE_SPARK_MASTER"):
+        settings["spark.master"] = os.environ["REBALANCE_SPARK_MASTER"]
+    settings.update({k: str(v) for k, v in (conf or {}).items()})
+    if master:
+        settings["spark.master"] = master
+    _add_delta_jars(settings)
+    return settings
+
+
+def _add_delta_jars(settings: dict[str, str]) -> None:
+    if os.environ.get("REBALANCE_SPARK_PACKAGES", "").lower() in ("1", "true", "yes"):
+        packages = [p for p in settings.get("spark.jars.packages", "").split(",") if p]
+        if not any(p.startswith("io.delta:") for p in packages):
+            settings["spark.jars.packages"] = ",".join(packages + [DELTA_PACKAGE])
+        return
+    existing = settings.get("spark.jars", "")
+    if "delta-spark" in existing or "delta-spark" in settings.get("spark.jars.packages", ""):
+        return  # the submitter already provides Delta
+    jars = delta_jars()
+    if not jars:
+        raise SparkSetupError(
+            f"Delta Lake JARs not found in {jars_dir()}: run `make jars` (or set "
+            "REBALANCE_JARS_DIR, or REBALANCE_SPARK_PACKAGES=1 to let Spark fetch them)")
+    settings["spark.jars"] = ",".join([j for j in existing.split(",") if j] + [str(j) for j in jars])
+
+
+def get_spark(app_name: str = "rebalance", master: str | None = None,
+              conf: Mapping[str, str] | None = None):
+    """Return the active Spark session, creating it with the project configuration.
+
+    A session that already runs in this process is returned as it is (Spark
+    allows one per JVM); static settings cannot change after it started.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    settings = session_conf(app_name, master, conf)
+    # Python workers must run the same interpreter (pandas UDFs, transformWithState).
+    os.environ.setdefault("PYSPARK_PYTHON", settings["spark.pyspark.python"])
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", settings["spark.pyspark.driver.python"])
+    builder = SparkSession.builder
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("REBALANCE_SPARK_LOG_LEVEL", "WARN"))
+    return spark

@@ -1,0 +1,378 @@
+"""The project's Delta tables: names, paths, schemas, commit metadata, assignment versions.
+
+This is the one module that knows where the tables live and what they hold.
+Everything else asks it:
+
+>>> from rebalance.spark import tables
+>>> tables.append(df, tables.KEY_HISTOGRAMS, metadata={"job": "keyed"})   # doctest: +SKIP
+>>> version = tables.publish_assignment(spark, {"k17": 3}, n_instances=4)  # doctest: +SKIP
+>>> tables.read_assignment(spark).routing                                  # doctest: +SKIP
+{'k17': 3}
+
+Paths: every table is a folder ``<root>/<name>``; ``root`` defaults to
+``data_dir() / "tables"`` and every function takes ``root=`` to override it.
+
+Adding a table: declare one more :class:`Table` below and add it to
+:data:`TABLES`; :func:`ensure_table`, :func:`append`, :func:`read` and
+:func:`history` then work for it unchanged.
+
+The ``assignments`` table
+-------------------------
+One publish is one Delta commit (an overwrite); its Delta version is the
+assignment version and its ``userMetadata`` is a JSON object. The table holds
+the routing table (``key``, ``instance``: keys whose instance is not their
+default one) plus one *version row* with ``key`` and ``instance`` NULL, so that
+even an empty routing table leaves a row behind. Row tracking is enabled, so
+``_metadata.row_commit_version`` of the rows equals the version of the publish
+that wrote them: a reader that sees only the data (the streaming job's
+stream-static join) still knows exactly which version it used. The table-level
+``n_instances`` is the table property ``rebalance.n_instances``, fixed when the
+table is created.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from numbers import Integral
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BooleanType, DataType, DoubleType, IntegerType, LongType, StringType, StructField, StructType,
+    TimestampType)
+
+from ..paths import data_dir
+
+
+class TableError(RuntimeError):
+    """A table is missing, or data does not fit its schema."""
+
+
+class AssignmentError(ValueError):
+    """An assignment cannot be published or read (bad routing, wrong instance count)."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A Delta table of the project: its name, schema (DDL) and fixed table properties."""
+
+    name: str
+    schema_ddl: str
+    description: str
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def schema(self) -> StructType:
+        """The schema as a Spark ``StructType`` (parsed without a JVM)."""
+        return flat_schema(self.schema_ddl)
+
+    @property
+    def columns(self) -> list[str]:
+        return self.schema.fieldNames()
+
+    def path(self, root: str | Path | None = None) -> str:
+        """Location of the table: ``<root>/<name>`` (root defaults to :func:`tables_root`)."""
+        return str(Path(root) / self.name if root is not None else tables_root() / self.name)
+
+
+_TYPES: dict[str, DataType] = {
+    "STRING": StringType(), "BIGINT": LongType(), "INT": IntegerType(), "DOUBLE": DoubleType(),
+    "TIMESTAMP": TimestampType(), "BOOLEAN": BooleanType()}
+
+
+def flat_schema(ddl: str) -> StructType:
+    """Parse a flat ``"name TYPE, ..."`` schema (types: STRING, BIGINT, INT, DOUBLE,
+    TIMESTAMP, BOOLEAN) without a JVM."""
+    fields = []
+    for item in ddl.split(","):
+        parts = item.split()
+        if len(parts) != 2 or parts[1].upper() not in _TYPES:
+            raise TableError(f"cannot parse column {item.strip()!r} of schema {ddl!r}")
+        fields.append(StructField(parts[0], _TYPES[parts[1].upper()], True))
+    return StructType(fields)
+
+
+RAW_EVENT_DDL = "event_id STRING, key STRING, value STRING, cost STRING, event_time STRING"
+
+EVENTS = Table(
+    "events", RAW_EVENT_DDL,
+    "Raw keyed events as received: every payload field is a string, so malformed events can be "
+    "stored and the job parses them (value and cost as DOUBLE, event_time as an ISO-8601 "
+    "TIMESTAMP). event_id is unique.")
+QUARANTINE = Table(
+    "quarantine", RAW_EVENT_DDL + ", reason STRING",
+    "Raw events the job rejected, with the reasons (';'-separated), written exactly once.")
+RESULTS = Table(
+    "results",
+    "batch_id BIGINT, assignment_version BIGINT, window_start TIMESTAMP, key STRING, "
+    "instance INT, partition_id INT, events BIGINT, count BIGINT, sum DOUBLE, "
+    "sliding_count BIGINT, sliding_sum DOUBLE",
+    "Per micro-batch, key and window updated: events of the batch, the window's running count "
+    "and sum of value, and the sliding count and sum over the last w windows ending at it.")
+KEY_HISTOGRAMS = Table(
+    "key_histograms",
+    "window_start TIMESTAMP, key STRING, count BIGINT, cost DOUBLE, state_bytes BIGINT, "
+    "instance INT, default_instance INT, key_group INT, partition_id INT, "
+    "assignment_version BIGINT, batch_id BIGINT",
+    "Per closed window, key and instance: events, cost and the state bytes the key holds; "
+    "input of `rebalance plan --histograms`.")
+INSTANCE_HISTOGRAMS = Table(
+    "instance_histograms",
+    "window_start TIMESTAMP, instance INT, load DOUBLE, events BIGINT, keys BIGINT, "
+    "task_ms DOUBLE, cpu_ms DOUBLE, partition_id INT, assignment_version BIGINT, batch_id BIGINT",
+    "Per closed window and instance: load (sum of cost), events, distinct keys, and the time "
+    "the operator spent on the window's events (wall clock and CPU).")
+ASSIGNMENTS = Table(
+    "assignments", "key STRING, instance INT",
+    "Routing table over the default placement, one Delta version per publish (see module doc).",
+    properties={"delta.enableRowTracking": "true"})
+
+#: Every table by name.
+TABLES: dict[str, Table] = {t.name: t for t in (
+    EVENTS, QUARANTINE, RESULTS, KEY_HISTOGRAMS, INSTANCE_HISTOGRAMS, ASSIGNMENTS)}
+
+N_INSTANCES_PROPERTY = "rebalance.n_instances"
+
+
+def tables_root() -> Path:
+    """Default folder of all tables: ``data_dir() / "tables"``."""
+    return data_dir() / "tables"
+
+
+def get_table(name: str) -> Table:
+    """A table by name, with the list of names when it is unknown."""
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise TableError(f"unknown table {name!r}; known tables: {', '.join(TABLES)}") from None
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One entry of a table's Delta history."""
+
+    version: int
+    timestamp: datetime
+    operation: str
+    metadata: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- generic I/O
+
+def exists(spark: SparkSession, table: Table, root: str | Path | None = None) -> bool:
+    """Whether the table exists (as a Delta table) under ``root``."""
+    from delta.tables import DeltaTable
+
+    return DeltaTable.isDeltaTable(spark, table.path(root))
+
+
+def ensure_table(spark: SparkSession, table: Table, root: str | Path | None = None,
+                 properties: Mapping[str, str] | None = None) -> str:
+    """Create the table if it does not exist (version 0, no rows); return its path."""
+    from delta.tables import DeltaTable
+
+    path = table.path(root)
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(table.schema)
+    for key, value in {**table.properties, **(properties or {})}.items():
+        builder = builder.property(key, value)
+    builder.execute()
+    return path
+
+
+def conform(df: DataFrame, table: Table) -> DataFrame:
+    """``df`` with exactly the table's columns, in order and cast to its types."""
+    have = set(df.columns)
+    missing = [c for c in table.columns if c not in have]
+    extra = sorted(have - set(table.columns))
+    if missing or extra:
+        raise TableError(f"data for table {table.name!r} does not match its schema: "
+                         f"missing columns {missing}, unexpected columns {extra}")
+    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in table.schema.fields])
+
+
+def append(df: DataFrame, table: Table, root: str | Path | None = None,
+           metadata: Mapping[str, Any] | None = None,
+           txn: tuple[str, int] | None = None) -> None:
+    """Append ``df`` as one commit, with ``metadata`` as the commit's userMetadata JSON.
+
+    ``txn = (app_id, version)`` makes the append idempotent: Delta skips it when
+    a commit with the same app id and a version >= this one already exists
+    (how micro-batches are written exactly once).
+    """
+    writer = conform(df, table).write.format("delta").mode("append")
+    if metadata:
+        writer = writer.option("userMetadata", json.dumps(dict(metadata), sort_keys=True))
+    if txn is not None:
+        app_id, version = txn
+        writer = writer.option("txnAppId", app_id).option("txnVersion", int(version))
+    writer.save(table.path(root))
+
+
+def read(spark: SparkSession, table: Table, root: str | Path | None = None,
+         version: int | None = None) -> DataFrame:
+    """The table (at ``version`` if given), with a clear error when it does not exist."""
+    path = table.path(root)
+    if not exists(spark, table, root):
+        raise TableError(f"table {table.name!r} does not exist at {path}")
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", int(version))
+    return reader.load(path)
+
+
+def history(spark: SparkSession, table: Table, root: str | Path | None = None,
+            limit: int | None = None) -> list[Commit]:
+    """The table's commits, newest first, with userMetadata parsed as JSON (``{}`` if none)."""
+    from delta.tables import DeltaTable
+
+    if not exists(spark, table, root):
+        raise TableError(f"table {table.name!r} does not exist at {table.path(root)}")
+    hist = DeltaTable.forPath(spark, table.path(root)).history(limit)
+    rows = hist.select("version", "timestamp", "operation", "userMetadata").collect()
+    return [Commit(r.version, r.timestamp, r.operation, _parse_metadata(r.userMetadata))
+            for r in sorted(rows, key=lambda r: -r.version)]
+
+
+def _parse_metadata(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {"text": text}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def table_property(spark: SparkSession, table: Table, name: str,
+                   root: str | Path | None = None) -> str | None:
+    """A table property (``TBLPROPERTIES``), or None when it is not set."""
+    from delta.tables import DeltaTable
+
+    props = DeltaTable.forPath(spark, table.path(root)).detail().select("properties").first()[0]
+    return props.get(name)
+
+
+# --------------------------------------------------------------------------- assignments
+
+@dataclass(frozen=True)
+class Assignment:
+    """One published assignment version: the routing table over the default placement."""
+
+    version: int
+    n_instances: int
+    routing: dict[str, int]
+    metadata: dict[str, Any]
+
+
+def validate_routing(routing: Mapping[str, int], n_instances: int) -> dict[str, int]:
+    """Check a routing table (key -> instance) and return it as a plain sorted dict."""
+    if isinstance(n_instances, bool) or not isinstance(n_instances, Integral) or n_instances < 1:
+        raise AssignmentError(f"n_instances must be an integer >= 1, got {n_instances!r}")
+    out: dict[str, int] = {}
+    for key, instance in routing.items():
+        if not isinstance(key, str) or not key:
+            raise AssignmentError(f"routing keys must be non-empty strings, got {key!r}")
+        if isinstance(instance, bool) or int(instance) != instance:
+            raise AssignmentError(f"instance of key {key!r} must be an integer, got {instance!r}")
+        if not 0 <= int(instance) < n_instances:
+            raise AssignmentError(
+                f"instance of key {key!r} is {instance}, outside [0, {n_instances})")
+        out[key] = int(instance)
+    return dict(sorted(out.items()))
+
+
+def create_assignments(spark: SparkSession, n_instances: int,
+                       root: str | Path | None = None) -> str:
+    """Create the assignments table for ``n_instances`` (version 0: empty routing table).
+
+    Idempotent for the same instance count; a different count raises.
+    """
+    validate_routing({}, n_instances)
+    path = ensure_table(spark, ASSIGNMENTS, root,
+                        properties={N_INSTANCES_PROPERTY: str(n_instances)})
+    actual = assignments_n_instances(spark, root)
+    if actual != n_instances:
+        raise AssignmentError(
+            f"assignments table at {path} is for {actual} instances, not {n_instances}; "
+            "changing the instance count needs a new table (and a new job checkpoint)")
+    return path
+
+
+def assignments_n_instances(spark: SparkSession, root: str | Path | None = None) -> int:
+    """The table-level instance count of the assignments table."""
+    if not exists(spark, ASSIGNMENTS, root):
+        raise TableError(f"assignments table does not exist at {ASSIGNMENTS.path(root)}; "
+                         "create it with create_assignments() or publish_assignment()")
+    value = table_property(spark, ASSIGNMENTS, N_INSTANCES_PROPERTY, root)
+    if value is None:
+        raise AssignmentError(f"assignments table at {ASSIGNMENTS.path(root)} has no "
+                              f"{N_INSTANCES_PROPERTY} property")
+    return int(value)
+
+
+def publish_assignment(spark: SparkSession, routing: Mapping[str, int], n_instances: int,
+                       metadata: Mapping[str, Any] | None = None,
+                       root: str | Path | None = None) -> int:
+    """Publish ``routing`` as a new assignment version (one Delta commit); return the version.
+
+    Creates the table for ``n_instances`` if needed. ``metadata`` (e.g. plan id,
+    method, metrics) goes into the commit's userMetadata with ``n_instances``,
+    ``table_size`` and a ``publish_id``.
+    """
+    routing = validate_routing(routing, n_instances)
+    path = create_assignments(spark, n_instances, root)
+    publish_id = uuid.uuid4().hex
+    meta = {**(metadata or {}), "kind": "assignment", "publish_id": publish_id,
+            "n_instances": n_instances, "table_size": len(routing)}
+    rows = [(key, instance) for key, instance in routing.items()] + [(None, None)]
+    (spark.createDataFrame(rows, ASSIGNMENTS.schema).write.format("delta").mode("overwrite")
+     .option("userMetadata", json.dumps(meta, sort_keys=True)).save(path))
+    for commit in history(spark, ASSIGNMENTS, root, limit=50):
+        if commit.metadata.get("publish_id") == publish_id:
+            return commit.version
+    raise AssignmentError(f"published assignment {publish_id} not found in the table history")
+
+
+def assignment_rows(spark: SparkSession, root: str | Path | None = None,
+                    version: int | None = None) -> DataFrame:
+    """The assignments data with ``assignment_version`` per row (including the version row).
+
+    ``assignment_version`` is the version of the publish that wrote the row, so
+    ``max(assignment_version)`` over one read is the version that read saw
+    (NULL before the first publish: version 0, the empty table).
+    """
+    return read(spark, ASSIGNMENTS, root, version).select(
+        "key", "instance",
+        F.col("_metadata.row_commit_version").cast("bigint").alias("assignment_version"))
+
+
+def read_assignment(spark: SparkSession, version: int | None = None,
+                    root: str | Path | None = None) -> Assignment:
+    """The assignment at ``version`` (default: the latest), read from one snapshot."""
+    rows = assignment_rows(spark, root, version).collect()
+    seen = max((r.assignment_version for r in rows), default=None)
+    resolved = int(seen) if seen is not None else 0
+    if version is not None and rows and resolved != version:
+        raise AssignmentError(f"version {version} of the assignments table is not a publish "
+                              f"(its data was published in version {resolved})")
+    meta = next((c.metadata for c in history(spark, ASSIGNMENTS, root)
+                 if c.version == resolved), {})
+    routing = {r.key: int(r.instance) for r in rows if r.key is not None}
+    return Assignment(resolved, assignments_n_instances(spark, root), routing, meta)
+
+
+def latest_assignment_version(spark: SparkSession, root: str | Path | None = None) -> int:
+    """Version of the latest publish (0 when nothing was published yet)."""
+    seen = assignment_rows(spark, root).agg(F.max("assignment_version")).first()[0]
+    return int(seen) if seen is not None else 0
+
+
+def assignment_history(spark: SparkSession, root: str | Path | None = None) -> list[Commit]:
+    """Publishes of the assignments table, newest first (the audit trail)."""
+    return [c for c in history(spark, ASSIGNMENTS, root) if c.metadata.get("kind") == "assignment"]

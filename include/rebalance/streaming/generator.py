@@ -1,0 +1,282 @@
+"""A deterministic, skewed, fluctuating keyed event stream (seed 003's synthetic workload).
+
+Keys ``k0 .. k{K-1}`` get Zipf(z) frequencies (rank r has weight ``1 / r^z``)
+through a seeded random rank order. Every ``interval_batches`` batches the
+fluctuation model of seed 003 re-assigns frequencies: it swaps the frequencies
+of random key pairs on different instances (first key drawn by frequency, so
+hot keys move) until some instance's expected load, under the default
+placement over ``n_instances``, changed by at least ``f`` times the mean load
+(``max_d |L_i(d) - L_{i-1}(d)| / mean >= f``), or ``10 * K`` swaps were tried.
+
+Batch ``b`` holds ``events_per_batch`` events whose event times fall in
+``[start + b * batch_seconds, start + (b + 1) * batch_seconds)``; value is
+uniform in [0, 100); cost is 1, or log-normal with mean 1 and shape
+``cost_sigma`` (heterogeneous events). A fraction of events can be made
+malformed, each in one of :data:`MALFORMED_KINDS` (named after the quarantine
+reason the job gives them). Everything is a pure function of the
+configuration and the batch number: batch ``b`` is the same whenever and
+however often it is generated.
+
+Events are stored raw (all payload columns strings) in the Delta table
+``events``; see :mod:`rebalance.spark.tables`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..placement import default_instances
+
+#: Malformed event kinds, named after the reason the job quarantines them with.
+MALFORMED_KINDS = ("missing_key", "negative_value", "non_numeric_value", "unparseable_event_time")
+#: Commit metadata ``kind`` of the generator's appends.
+COMMIT_KIND = "generator"
+
+
+class GeneratorError(ValueError):
+    """Bad generator configuration, or a table generated with another configuration."""
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """Parameters of the event stream (all plain values, validated here)."""
+
+    n_keys: int = 1000
+    zipf: float = 1.0
+    events_per_batch: int = 10_000
+    batch_seconds: float = 10.0
+    fluctuation: float = 0.0
+    interval_batches: int = 1
+    n_instances: int = 4
+    cost_sigma: float = 0.0
+    malformed_fraction: float = 0.0
+    seed: int = 0
+    start: str = "2024-01-01T00:00:00Z"
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.n_keys >= 1, "n_keys must be >= 1"),
+            (self.zipf >= 0, "zipf exponent must be >= 0"),
+            (self.events_per_batch >= 1, "events_per_batch must be >= 1"),
+            (self.batch_seconds > 0, "batch_seconds must be > 0"),
+            (self.fluctuation >= 0, "fluctuation f must be >= 0"),
+            (self.interval_batches >= 1, "interval_batches must be >= 1"),
+            (self.n_instances >= 1, "n_instances must be >= 1"),
+            (self.cost_sigma >= 0, "cost_sigma must be >= 0"),
+            (0 <= self.malformed_fraction <= 1, "malformed_fraction must be in [0, 1]"),
+            (self.seed >= 0, "seed must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise GeneratorError(f"{message}, got {self}")
+        try:
+            pd.Timestamp(self.start)
+        except ValueError:
+            raise GeneratorError(f"start must be an ISO-8601 time, got {self.start!r}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self) -> str:
+        """Short stable hash of the configuration (names the generator's Delta transactions)."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    """One generated batch: raw events (the ``events`` table's columns) and, aligned with
+    them, the malformed kind of each event (None for a well-formed one)."""
+
+    batch: int
+    events: pd.DataFrame
+    malformed: pd.Series
+
+
+def zipf_weights(n_keys: int, exponent: float) -> np.ndarray:
+    """Normalised Zipf weights of ranks 1..n_keys."""
+    weights = 1.0 / np.arange(1, n_keys + 1, dtype=np.float64) ** exponent
+    return weights / weights.sum()
+
+
+def fluctuate(freq: np.ndarray, instances: np.ndarray, n_instances: int, target: float,
+              rng: np.random.Generator, max_swaps: int) -> tuple[np.ndarray, float]:
+    """Swap frequencies of key pairs on different instances until the largest change of an
+    instance's load reaches ``target`` times the mean load.
+
+    Returns the new frequencies and the change reached (it can stay below
+    ``target`` when ``max_swaps`` swaps are not enough, e.g. with z = 0).
+    """
+    freq = freq.copy()
+    base = np.bincount(instances, weights=freq, minlength=n_instances)
+    loads = base.copy()
+    mean = freq.sum() / n_instances
+    change, tried = 0.0, 0
+    while change < target and tried < max_swaps:
+        firsts = rng.choice(len(freq), size=256, p=freq / freq.sum())
+        seconds = rng.integers(len(freq), size=256)
+        for a, b in zip(firsts, seconds):
+            tried += 1
+            if instances[a] == instances[b] or freq[a] == freq[b]:
+                continue
+            delta = freq[b] - freq[a]
+            loads[instances[a]] += delta
+            loads[instances[b]] -= delta
+            freq[a], freq[b] = freq[b], freq[a]
+            change = float(np.abs(loads - base).max() / mean)
+            if change >= target or tried >= max_swaps:
+                break
+    return freq, change
+
+
+class EventGenerator:
+    """Batches of the stream described by a :class:`GeneratorConfig`."""
+
+    def __init__(self, config: GeneratorConfig) -> None:
+        self.config = config
+        self._frequencies: list[np.ndarray] = []
+        self._changes: list[float] = []
+
+    @cached_property
+    def keys(self) -> np.ndarray:
+        """Key names, ``k0 .. k{K-1}``."""
+        return np.array([f"k{i}" for i in range(self.config.n_keys)], dtype=object)
+
+    @cached_property
+    def _instances(self) -> np.ndarray:
+        return default_instances(self.keys, self.config.n_instances)
+
+    def frequencies(self, interval: int) -> np.ndarray:
+        """Probability of each key in fluctuation interval ``interval``."""
+        c = self.config
+        if interval < 0:
+            raise GeneratorError(f"interval must be >= 0, got {interval}")
+        if not self._frequencies:
+            order = np.random.default_rng([c.seed, 0]).permutation(c.n_keys)
+            freq = np.empty(c.n_keys)
+            freq[order] = zipf_weights(c.n_keys, c.zipf)
+            self._frequencies.append(freq)
+            self._changes.append(0.0)
+        while len(self._frequencies) <= interval:
+            i = len(self._frequencies)
+            freq, change = fluctuate(self._frequencies[-1], self._instances, c.n_instances,
+                                     c.fluctuation, np.random.default_rng([c.seed, 1, i]),
+                                     max_swaps=10 * c.n_keys)
+            self._frequencies.append(freq)
+            self._changes.append(change)
+        return self._frequencies[interval]
+
+    def fluctuation_change(self, interval: int) -> float:
+        """The load change (in mean loads) the fluctuation reached at ``interval``."""
+        self.frequencies(interval)
+        return self._changes[interval]
+
+    def batch(self, batch: int) -> EventBatch:
+        """The events of batch ``batch`` (a pure function of the configuration)."""
+        c = self.config
+        if batch < 0:
+            raise GeneratorError(f"batch must be >= 0, got {batch}")
+        rng = np.random.default_rng([c.seed, 2, batch])
+        n = c.events_per_batch
+        key_index = rng.choice(c.n_keys, size=n, p=self.frequencies(batch // c.interval_batches))
+        offset_ms = np.floor((batch + rng.random(n)) * c.batch_seconds * 1000).astype(np.int64)
+        values = rng.uniform(0.0, 100.0, n)
+        costs = (rng.lognormal(-c.cost_sigma ** 2 / 2, c.cost_sigma, n) if c.cost_sigma
+                 else np.ones(n))
+        times = pd.Timestamp(c.start) + pd.to_timedelta(offset_ms, unit="ms")
+        events = pd.DataFrame({
+            "event_id": [f"s{c.seed}-b{batch}-e{i}" for i in range(n)],
+            "key": self.keys[key_index],
+            "value": [f"{v:.3f}" for v in values],
+            "cost": [f"{v:.4f}" for v in costs],
+            "event_time": times.strftime("%Y-%m-%dT%H:%M:%S.%f").str[:-3] + "Z",
+        })
+        malformed = self._malform(events, rng)
+        return EventBatch(batch, events, malformed)
+
+    def _malform(self, events: pd.DataFrame, rng: np.random.Generator) -> pd.Series:
+        """Turn a fraction of the events into malformed ones, in place; return the kinds."""
+        n = len(events)
+        hit = rng.random(n) < self.config.malformed_fraction
+        kinds = np.array(MALFORMED_KINDS, dtype=object)[rng.integers(len(MALFORMED_KINDS), size=n)]
+        malformed = pd.Series(np.where(hit, kinds, None), index=events.index, dtype=object)
+        for kind, (column, spoil) in _SPOILERS.items():
+            rows = malformed == kind
+            events.loc[rows, column] = events.loc[rows, column].map(spoil)
+        return malformed
+
+
+def _negative(value: str) -> str:
+    return "-" + value if float(value) > 0 else "-1.000"
+
+
+#: How each malformed kind spoils a well-formed event: (column, new value from old value).
+_SPOILERS = {
+    "missing_key": ("key", lambda _: None),
+    "negative_value": ("value", _negative),
+    "non_numeric_value": ("value", lambda _: "n/a"),
+    "unparseable_event_time": ("event_time", lambda _: "yesterday noon"),
+}
+
+
+# --------------------------------------------------------------------------- Delta
+
+def next_batch(spark, config: GeneratorConfig, root: str | Path | None = None) -> int:
+    """The batch after the last one generated into ``events`` (0 for a new table).
+
+    Raises when the table was generated with another configuration: batches
+    would no longer be a pure function of one configuration.
+    """
+    from ..spark import tables
+
+    if not tables.exists(spark, tables.EVENTS, root):
+        return 0
+    for commit in tables.history(spark, tables.EVENTS, root):
+        if commit.metadata.get("kind") != COMMIT_KIND:
+            continue
+        recorded = commit.metadata.get("config") or {}
+        changed = {k: (recorded.get(k), v) for k, v in config.to_dict().items()
+                   if recorded.get(k) != v}
+        if changed:
+            diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            raise GeneratorError(
+                f"events at {tables.EVENTS.path(root)} were generated with other options "
+                f"({diff}); use the same options or another tables root")
+        return int(commit.metadata["batch"]) + 1
+    return 0
+
+
+def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
+                   root: str | Path | None = None) -> list[int]:
+    """Append each batch as one commit (one file) to ``events``; return the batches written.
+
+    Idempotent: each append is a Delta transaction ``(generator-<fingerprint>, batch)``,
+    so a batch already appended is skipped.
+    """
+    from ..spark import tables
+
+    tables.ensure_table(spark, tables.EVENTS, root)
+    config = generator.config
+    written = []
+    for b in batches:
+        generated = generator.batch(b)
+        df = spark.createDataFrame(generated.events, schema=tables.EVENTS.schema).coalesce(1)
+        interval = b // config.interval_batches
+        meta = {"kind": COMMIT_KIND, "batch": b, "config": config.to_dict(),
+                "interval": interval,
+                "fluctuation_change": round(generator.fluctuation_change(interval), 6),
+                "malformed": int(generated.malformed.notna().sum())}
+        tables.append(df, tables.EVENTS, root, metadata=meta,
+                      txn=(f"generator-{config.fingerprint()}", b))
+        written.append(b)
+    return written

@@ -1,0 +1,324 @@
+"""The keyed streaming job: parse, quarantine, route by the live assignment, aggregate per key.
+
+Two streaming queries read the Delta table ``events``:
+
+* ``<name>-quarantine``: rows that fail validation, with their reasons, to the
+  Delta table ``quarantine``;
+* ``<name>-keyed``: valid rows, with a watermark on ``event_time``, routed by a
+  stream-static join with the ``assignments`` Delta table (re-read every
+  micro-batch, so a new published version is used from the next micro-batch
+  on, without restart), then ``groupBy(label).transformWithStateInPandas``
+  (:class:`~rebalance.streaming.processor.KeyedWindowProcessor`, RocksDB state)
+  with instance ``i`` pinned to shuffle partition ``i``, to ``results``,
+  ``key_histograms`` and ``instance_histograms``.
+
+Both queries write with ``foreachBatch``: every append is an idempotent Delta
+transaction keyed by the query id and the batch id (:class:`IdempotentSink`),
+so each output row is written exactly once, across failures and restarts.
+
+>>> job = start_job(spark, JobConfig(n_instances=4))   # doctest: +SKIP
+>>> job.process_all_available(); job.stop()             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from ..paths import data_dir
+from ..spark import tables
+from .processor import (
+    INSTANCE_HISTOGRAM, KEY_HISTOGRAM, OUTPUT_DDL, RESULT, KeyedWindowProcessor, ProcessorSettings)
+from .routing import route
+
+class JobError(ValueError):
+    """The job cannot start with this configuration (with the reason)."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Parameters of the keyed job (plain values, validated here).
+
+    ``trigger_seconds=None`` processes what is available and stops
+    (availableNow); a number runs micro-batches at that interval until stopped.
+    ``work_us_per_cost`` adds simulated CPU work per unit of event cost in the
+    operator (benchmarks: makes task time follow load). Tables live under
+    ``tables_root`` and checkpoints under ``checkpoint_root/<name>``.
+    """
+
+    n_instances: int = 4
+    window_seconds: float = 10.0
+    n_windows: int = 6
+    watermark_seconds: float = 10.0
+    emit_histograms: bool = True
+    work_us_per_cost: float = 0.0
+    max_files_per_trigger: int | None = None
+    trigger_seconds: float | None = None
+    name: str = "keyed"
+    tables_root: str | None = None
+    checkpoint_root: str | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (isinstance(self.n_instances, Integral) and self.n_instances >= 1,
+             "n_instances must be an integer >= 1"),
+            (self.window_ms >= 1, "window_seconds must be at least 1 ms"),
+            (self.n_windows >= 1, "n_windows must be >= 1"),
+            (self.watermark_seconds >= 0, "watermark_seconds must be >= 0"),
+            (self.work_us_per_cost >= 0, "work_us_per_cost must be >= 0"),
+            (self.max_files_per_trigger is None or self.max_files_per_trigger >= 1,
+             "max_files_per_trigger must be >= 1"),
+            (self.trigger_seconds is None or self.trigger_seconds > 0,
+             "trigger_seconds must be > 0"),
+            (bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(),
+             "name must be letters, digits, '-' or '_'"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise JobError(f"{message}, got {self}")
+
+    @property
+    def window_ms(self) -> int:
+        return int(round(self.window_seconds * 1000)) if math.isfinite(self.window_seconds) else 0
+
+    def checkpoint(self, query: str) -> str:
+        root = Path(self.checkpoint_root) if self.checkpoint_root else data_dir() / "checkpoints"
+        return str(root / self.name / query)
+
+    def processor_settings(self) -> ProcessorSettings:
+        return ProcessorSettings(self.n_instances, self.window_ms, self.n_windows,
+                                 self.emit_histograms, self.work_us_per_cost)
+
+
+# --------------------------------------------------------------------------- validation
+
+def rejection_reason() -> Column:
+    """Why a raw event is malformed: ';'-separated reasons, NULL for a valid event."""
+    value, cost, event_time = _parsed("value"), _parsed("cost"), _parsed("event_time")
+    checks = [
+        ("missing_event_id", _blank("event_id")),
+        ("missing_key", _blank("key")),
+        ("missing_value", _blank("value")),
+        ("non_numeric_value", ~_blank("value") & value.isNull()),
+        ("negative_value", value < 0),
+        ("non_finite_value", F.isnan(value) | (F.abs(value) == float("inf"))),
+        ("missing_cost", _blank("cost")),
+        ("non_numeric_cost", ~_blank("cost") & cost.isNull()),
+        ("invalid_cost", (cost < 0) | F.isnan(cost) | (F.abs(cost) == float("inf"))),
+        ("missing_event_time", _blank("event_time")),
+        ("unparseable_event_time", ~_blank("event_time") & event_time.isNull()),
+    ]
+    reasons = F.concat_ws(";", *[F.when(test, F.lit(name)) for name, test in checks])
+    return F.when(reasons != "", reasons)
+
+
+def _blank(column: str) -> Column:
+    return F.col(column).isNull() | (F.trim(F.col(column)) == "")
+
+
+def _parsed(column: str) -> Column:
+    kind = "timestamp" if column == "event_time" else "double"
+    return F.trim(F.col(column)).try_cast(kind)
+
+
+def quarantine_rows(raw: DataFrame) -> DataFrame:
+    """Malformed raw events with their ``reason`` (the ``quarantine`` table's columns)."""
+    return raw.withColumn("reason", rejection_reason()).where(F.col("reason").isNotNull())
+
+
+def valid_events(raw: DataFrame) -> DataFrame:
+    """Well-formed events, typed: event_id, key, value DOUBLE, cost DOUBLE, event_time TIMESTAMP."""
+    return raw.where(rejection_reason().isNull()).select(
+        "event_id", "key", _parsed("value").alias("value"), _parsed("cost").alias("cost"),
+        _parsed("event_time").alias("event_time"))
+
+
+# --------------------------------------------------------------------------- keyed query
+
+def window_start_ms(event_time: Column, window_ms: int) -> Column:
+    """Start (epoch ms) of the tumbling window of ``window_ms`` holding ``event_time``."""
+    ms = F.unix_millis(event_time)
+    return (ms - F.pmod(ms, F.lit(window_ms))).cast("bigint")
+
+
+def keyed_stream(spark: SparkSession, raw: DataFrame, config: JobConfig) -> DataFrame:
+    """The stateful part: valid events, routed, through the keyed operator (union output)."""
+    events = valid_events(raw).withWatermark(
+        "event_time", f"{int(config.watermark_seconds * 1000)} milliseconds")
+    routed = route(events, tables.assignment_rows(spark, config.tables_root), config.n_instances)
+    operator_input = routed.select(
+        "label", "key", "value", "cost", "event_time", "instance", "default_instance",
+        "key_group", "assignment_version",
+        window_start_ms(F.col("event_time"), config.window_ms).alias("window_start_ms"))
+    return operator_input.groupBy("label").transformWithStateInPandas(
+        KeyedWindowProcessor(config.processor_settings()), OUTPUT_DDL, "Append", "EventTime")
+
+
+def _window_start() -> Column:
+    return F.timestamp_millis(F.col("window_start_ms")).alias("window_start")
+
+
+#: What each output kind of the operator becomes: (kind, table, projection given batch id).
+OUTPUTS: tuple[tuple[str, tables.Table, Callable[[int], list[Column]]], ...] = (
+    (RESULT, tables.RESULTS, lambda batch_id: [
+        F.lit(batch_id).cast("bigint").alias("batch_id"), "assignment_version", _window_start(),
+        "key", "instance", "partition_id", "events", "count", "sum", "sliding_count",
+        "sliding_sum"]),
+    (KEY_HISTOGRAM, tables.KEY_HISTOGRAMS, lambda batch_id: [
+        _window_start(), "key", "count", "cost", "state_bytes", "instance", "default_instance",
+        "key_group", "partition_id", "assignment_version",
+        F.lit(batch_id).cast("bigint").alias("batch_id")]),
+    (INSTANCE_HISTOGRAM, tables.INSTANCE_HISTOGRAMS, lambda batch_id: [
+        _window_start(), "instance", "load", "events", "keys", "task_ms", "cpu_ms", "partition_id",
+        "assignment_version", F.lit(batch_id).cast("bigint").alias("batch_id")]),
+)
+
+
+@dataclass
+class IdempotentSink:
+    """Appends of one query's micro-batches, each exactly once.
+
+    Every append is the Delta transaction ``(<query id>:<table>, batch id)``: a
+    batch replayed after a failure or restart re-writes nothing that was
+    already committed. The query id lives in the checkpoint, so a new
+    checkpoint never collides with an old one's transactions. Empty outputs
+    are not written (a replay makes the same decision).
+    """
+
+    spark: SparkSession
+    config: JobConfig
+    query_name: str
+    _query_id: str | None = field(default=None, init=False)
+
+    def append(self, rows: DataFrame, table: tables.Table, batch_id: int) -> None:
+        meta = {"job": self.config.name, "query": self.query_name, "batch_id": batch_id,
+                "n_instances": self.config.n_instances,
+                "window_seconds": self.config.window_seconds}
+        tables.append(rows.coalesce(1), table, self.config.tables_root, metadata=meta,
+                      txn=(f"{self.query_id()}:{table.name}", batch_id))
+
+    def query_id(self) -> str:
+        if self._query_id is None:
+            active = [q for q in self.spark.streams.active if q.name == self.query_name]
+            if not active:
+                raise JobError(f"query {self.query_name!r} is not active")
+            self._query_id = active[0].id
+        return self._query_id
+
+
+class KeyedOutputWriter(IdempotentSink):
+    """``foreachBatch`` of the keyed query: results and histograms, appended in parallel."""
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        batch.persist()
+        try:
+            present = {row.kind for row in batch.select("kind").distinct().collect()}
+            writes = [(batch.where(F.col("kind") == kind).select(projection(batch_id)), table)
+                      for kind, table, projection in OUTPUTS if kind in present]
+            if writes:
+                with ThreadPoolExecutor(max_workers=len(writes)) as pool:
+                    list(pool.map(lambda w: self.append(w[0], w[1], batch_id), writes))
+        finally:
+            batch.unpersist()
+
+
+class QuarantineWriter(IdempotentSink):
+    """``foreachBatch`` of the quarantine query (most batches have nothing to quarantine)."""
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        batch.persist()
+        try:
+            if not batch.isEmpty():
+                self.append(batch, tables.QUARANTINE, batch_id)
+        finally:
+            batch.unpersist()
+
+
+# --------------------------------------------------------------------------- running
+
+@dataclass
+class KeyedJob:
+    """The job's two running queries."""
+
+    keyed: StreamingQuery
+    quarantine: StreamingQuery
+
+    @property
+    def queries(self) -> tuple[StreamingQuery, StreamingQuery]:
+        return self.keyed, self.quarantine
+
+    def process_all_available(self) -> None:
+        """Block until both queries processed everything available now."""
+        for query in self.queries:
+            query.processAllAvailable()
+
+    def await_termination(self, poll_seconds: float = 2.0) -> None:
+        """Block until both queries end; when one fails, stop the other and raise its error."""
+        try:
+            while any(query.isActive for query in self.queries):
+                for query in self.queries:
+                    query.awaitTermination(poll_seconds)
+            for query in self.queries:
+                query.awaitTermination()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for query in self.queries:
+            query.stop()
+
+
+def check_instances(spark: SparkSession, config: JobConfig) -> None:
+    """Fail early when the assignments table or the checkpoint is for another instance count."""
+    tables.create_assignments(spark, config.n_instances, config.tables_root)
+    checkpoint = config.checkpoint("keyed")
+    rows = spark.read.format("state-metadata").load(checkpoint).select("numPartitions").collect()
+    found = {row.numPartitions for row in rows}
+    if found and found != {config.n_instances}:
+        raise JobError(f"checkpoint {checkpoint} has {sorted(found)} state partitions, the job "
+                       f"runs {config.n_instances} instances; use a new checkpoint (and move "
+                       "state offline) to change the instance count")
+
+
+def start_job(spark: SparkSession, config: JobConfig) -> KeyedJob:
+    """Start the quarantine and keyed queries; return them running."""
+    root = config.tables_root
+    if not tables.exists(spark, tables.EVENTS, root):
+        raise JobError(f"no events table at {tables.EVENTS.path(root)}; generate events first")
+    check_instances(spark, config)
+    for table in (tables.QUARANTINE, tables.RESULTS, tables.KEY_HISTOGRAMS,
+                  tables.INSTANCE_HISTOGRAMS):
+        tables.ensure_table(spark, table, root)
+    reader = spark.readStream.format("delta")
+    if config.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
+    raw = reader.load(tables.EVENTS.path(root))
+    # Instance i must be shuffle partition i; the query keeps the value it starts with.
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(config.n_instances))
+    try:
+        quarantine = _start(quarantine_rows(raw), QuarantineWriter, config, "quarantine")
+        keyed = _start(keyed_stream(spark, raw, config), KeyedOutputWriter, config, "keyed")
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
+    return KeyedJob(keyed, quarantine)
+
+
+def _start(stream: DataFrame, sink: type[IdempotentSink], config: JobConfig,
+           query: str) -> StreamingQuery:
+    name = f"{config.name}-{query}"
+    writer = (stream.writeStream.queryName(name)
+              .foreachBatch(sink(stream.sparkSession, config, name))
+              .option("checkpointLocation", config.checkpoint(query)))
+    if config.trigger_seconds is None:
+        return writer.trigger(availableNow=True).start()
+    return writer.trigger(processingTime=f"{config.trigger_seconds} seconds").start()

@@ -1,0 +1,315 @@
+"""The keyed stateful operator: per-key sliding windows and per-window histograms.
+
+The operator runs as ``groupBy("label").transformWithStateInPandas(...)`` in
+event-time mode: one grouping value per instance, so one call handles all the
+events an instance received in a micro-batch. Its state, per instance:
+
+* ``perkey`` (MapState, user key = the event key): the key's aggregates of the
+  windows it still needs (:class:`KeyWindows`), for the sliding count and sum
+  over the last ``w`` windows;
+* ``perwindow`` (MapState, user key = window start): the instance's events,
+  load (sum of cost) and operator time of each open window (wall-clock, and
+  CPU time of the operator's thread: robust when other processes share the cores);
+* an event-time timer at the end of each open window.
+
+Outputs, as rows of one union schema (``kind`` tells them apart):
+
+* ``result``: per key and window updated in the batch, the batch's events, the
+  window's running count and sum, and the sliding count and sum over the last
+  ``w`` windows ending at that window (later windows whose sliding aggregate
+  changed are emitted again, with ``events = 0``);
+* ``key_histogram`` / ``instance_histogram``: once per window, when the
+  watermark passes its end (window closed). Spark drops events older than the
+  watermark before they reach the operator (late events, reported as
+  ``numRowsDroppedByWatermark`` in the query progress), so a closed window never
+  changes and each histogram row is final.
+
+The pure helpers (:class:`KeyWindows`, :func:`state_bytes`,
+:func:`windows_to_emit`) hold the window arithmetic and are unit-tested without Spark.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+
+from .routing import instance_labels
+
+#: Estimated state bytes of a key besides its name: key group and default instance (INT),
+#: assignment version (BIGINT).
+STATE_KEY_BYTES = 16
+#: Estimated state bytes per window a key holds: start, count, sum, cost (8 bytes each).
+STATE_WINDOW_BYTES = 32
+
+PERKEY_VALUE_DDL = ("key_group INT, default_instance INT, version BIGINT, windows ARRAY<BIGINT>, "
+                    "counts ARRAY<BIGINT>, sums ARRAY<DOUBLE>, costs ARRAY<DOUBLE>")
+PERWINDOW_VALUE_DDL = "events BIGINT, load DOUBLE, task_ns BIGINT, cpu_ns BIGINT, version BIGINT"
+
+#: Output of the operator: column -> pandas dtype (nullable, so unused columns stay NULL).
+OUTPUT_COLUMNS: dict[str, str] = {
+    "kind": "object", "key": "object", "window_start_ms": "Int64", "instance": "Int32",
+    "partition_id": "Int32", "default_instance": "Int32", "key_group": "Int32",
+    "assignment_version": "Int64", "events": "Int64", "count": "Int64", "sum": "float64",
+    "sliding_count": "Int64", "sliding_sum": "float64", "cost": "float64",
+    "state_bytes": "Int64", "load": "float64", "task_ms": "float64", "cpu_ms": "float64",
+    "keys": "Int64",
+}
+_SPARK_TYPES = {"object": "STRING", "Int64": "BIGINT", "Int32": "INT", "float64": "DOUBLE"}
+OUTPUT_DDL = ", ".join(f"{name} {_SPARK_TYPES[dtype]}" for name, dtype in OUTPUT_COLUMNS.items())
+
+RESULT, KEY_HISTOGRAM, INSTANCE_HISTOGRAM = "result", "key_histogram", "instance_histogram"
+
+
+def state_bytes(key: str, n_windows: int) -> int:
+    """Estimated bytes key ``key`` holds in state while it keeps ``n_windows`` windows."""
+    return len(key.encode("utf-8")) + STATE_KEY_BYTES + STATE_WINDOW_BYTES * n_windows
+
+
+def retained(window_start: int, watermark: int, window_ms: int, n_windows: int) -> bool:
+    """Whether a window may still count in the sliding aggregate of a window that is open.
+
+    Window ``t`` is open while ``t + window_ms > watermark``; its sliding
+    aggregate covers ``t - (n_windows - 1) * window_ms .. t``.
+    """
+    return window_start + n_windows * window_ms > watermark
+
+
+def windows_to_emit(updated: Iterable[int], held: Sequence[int], window_ms: int,
+                    n_windows: int) -> list[int]:
+    """Held windows whose sliding aggregate includes an updated window, sorted."""
+    span = n_windows * window_ms
+    marks = sorted(set(updated))
+    return [t for t in held if any(u <= t < u + span for u in marks)]
+
+
+@dataclass
+class KeyWindows:
+    """One key's state: its key group, default instance, last assignment version, and
+    count / sum of value / sum of cost per window, windows sorted by start."""
+
+    key_group: int
+    default_instance: int
+    version: int
+    windows: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    sums: list[float] = field(default_factory=list)
+    costs: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_state(cls, value: tuple | None, key_group: int, default_instance: int,
+                   version: int) -> KeyWindows:
+        """From a ``perkey`` state value, or empty when the key has no state yet."""
+        if value is None:
+            return cls(key_group, default_instance, version)
+        kg, default, ver, windows, counts, sums, costs = value
+        return cls(int(kg), int(default), int(ver), [int(w) for w in windows],
+                   [int(c) for c in counts], [float(s) for s in sums], [float(c) for c in costs])
+
+    def to_state(self) -> tuple:
+        return (self.key_group, self.default_instance, self.version, list(self.windows),
+                list(self.counts), list(self.sums), list(self.costs))
+
+    def add(self, window: int, count: int, total: float, cost: float) -> None:
+        """Add events of one window (inserted in start order if new)."""
+        if window in self.windows:
+            i = self.windows.index(window)
+            self.counts[i] += count
+            self.sums[i] += total
+            self.costs[i] += cost
+            return
+        i = sum(1 for w in self.windows if w < window)
+        self.windows.insert(i, window)
+        self.counts.insert(i, count)
+        self.sums.insert(i, total)
+        self.costs.insert(i, cost)
+
+    def window(self, window: int) -> tuple[int, float, float]:
+        """(count, sum, cost) of a held window."""
+        i = self.windows.index(window)
+        return self.counts[i], self.sums[i], self.costs[i]
+
+    def sliding(self, window: int, window_ms: int, n_windows: int) -> tuple[int, float]:
+        """Count and sum over the ``n_windows`` windows ending at ``window``."""
+        low = window - (n_windows - 1) * window_ms
+        picked = [i for i, w in enumerate(self.windows) if low <= w <= window]
+        return sum(self.counts[i] for i in picked), sum(self.sums[i] for i in picked)
+
+    def prune(self, watermark: int, window_ms: int, n_windows: int) -> bool:
+        """Drop windows no open window needs any more; True if something was dropped."""
+        keep = [i for i, w in enumerate(self.windows)
+                if retained(w, watermark, window_ms, n_windows)]
+        if len(keep) == len(self.windows):
+            return False
+        self.windows = [self.windows[i] for i in keep]
+        self.counts = [self.counts[i] for i in keep]
+        self.sums = [self.sums[i] for i in keep]
+        self.costs = [self.costs[i] for i in keep]
+        return True
+
+
+@dataclass(frozen=True)
+class ProcessorSettings:
+    """What the operator needs to know; validated by the job's configuration."""
+
+    n_instances: int
+    window_ms: int
+    n_windows: int
+    emit_histograms: bool = True
+    work_us_per_cost: float = 0.0
+
+
+def burn_cpu(seconds: float) -> None:
+    """Busy-work for ``seconds`` of this thread's CPU time (simulated per-event work)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def output_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows as a frame with exactly :data:`OUTPUT_COLUMNS` (absent values NULL)."""
+    frame = pd.DataFrame.from_records(rows, columns=list(OUTPUT_COLUMNS))
+    return frame.astype(OUTPUT_COLUMNS)
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    return TaskContext.get().partitionId()
+
+
+class KeyedWindowProcessor(StatefulProcessor):
+    """Sliding per-key window aggregates plus per-window key and instance histograms."""
+
+    def __init__(self, settings: ProcessorSettings) -> None:
+        self.settings = settings
+        labels = instance_labels(settings.n_instances)
+        self.instance_of = {label: instance for instance, label in enumerate(labels)}
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.perkey = handle.getMapState("perkey", "key STRING", PERKEY_VALUE_DDL)
+        self.perwindow = handle.getMapState("perwindow", "window_start_ms BIGINT",
+                                            PERWINDOW_VALUE_DDL)
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
+                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
+        instance = self.instance_of[int(key[0])]
+        frame = pd.concat(list(rows), ignore_index=True)
+        watermark = timerValues.getCurrentWatermarkInMs()
+        if self.settings.work_us_per_cost:
+            burn_cpu(float(frame["cost"].sum()) * self.settings.work_us_per_cost / 1e6)
+        results = self._update_keys(frame, instance)
+        self._update_windows(frame, time.perf_counter_ns() - started,
+                             time.thread_time_ns() - cpu_started)
+        yield output_frame(results)
+        yield from self._close_windows(instance, watermark)
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        yield from self._close_windows(self.instance_of[int(key[0])],
+                                       timerValues.getCurrentWatermarkInMs())
+
+    def close(self) -> None:
+        """Nothing to release: all state lives in the state store."""
+
+    # ------------------------------------------------------------------ per key
+
+    def _update_keys(self, frame: pd.DataFrame, instance: int) -> list[dict[str, Any]]:
+        s = self.settings
+        per = (frame.groupby(["key", "window_start_ms"], sort=True)
+               .agg(events=("value", "size"), total=("value", "sum"), cost=("cost", "sum"),
+                    key_group=("key_group", "first"),
+                    default_instance=("default_instance", "first"),
+                    version=("assignment_version", "max"))
+               .reset_index())
+        partition = _partition_id()
+        out: list[dict[str, Any]] = []
+        for key, group in itertools.groupby(per.itertuples(index=False), key=lambda r: r.key):
+            group = list(group)
+            first = group[0]
+            state = KeyWindows.from_state(self.perkey.getValue((key,)), int(first.key_group),
+                                          int(first.default_instance), int(first.version))
+            state.version = max(state.version, *(int(r.version) for r in group))
+            added = {int(r.window_start_ms): int(r.events) for r in group}
+            for r in group:
+                state.add(int(r.window_start_ms), int(r.events), float(r.total), float(r.cost))
+            self.perkey.updateValue((key,), state.to_state())
+            for window in windows_to_emit(added, state.windows, s.window_ms, s.n_windows):
+                count, total, _ = state.window(window)
+                sliding_count, sliding_sum = state.sliding(window, s.window_ms, s.n_windows)
+                out.append({"kind": RESULT, "key": key, "window_start_ms": window,
+                            "instance": instance, "partition_id": partition,
+                            "assignment_version": state.version,
+                            "events": added.get(window, 0), "count": count, "sum": total,
+                            "sliding_count": sliding_count, "sliding_sum": sliding_sum})
+        return out
+
+    # ------------------------------------------------------------------ per window
+
+    def _update_windows(self, frame: pd.DataFrame, elapsed_ns: int, cpu_ns: int) -> None:
+        """Add the batch's events, load and operator time (wall and CPU, split by events) to
+        each window."""
+        per = frame.groupby("window_start_ms").agg(
+            events=("value", "size"), load=("cost", "sum"), version=("assignment_version", "max"))
+        total_events = int(per["events"].sum())
+        for window, row in per.iterrows():
+            window = int(window)
+            share = int(row.events) / total_events
+            old = self.perwindow.getValue((window,))
+            if old is None:
+                self.handle.registerTimer(window + self.settings.window_ms)
+                old = (0, 0.0, 0, 0, 0)
+            self.perwindow.updateValue((window,), (
+                int(old[0]) + int(row.events), float(old[1]) + float(row.load),
+                int(old[2]) + round(elapsed_ns * share), int(old[3]) + round(cpu_ns * share),
+                max(int(old[4]), int(row.version))))
+
+    def _close_windows(self, instance: int, watermark: int) -> Iterator[pd.DataFrame]:
+        """Emit histograms of the windows the watermark closed, then drop unneeded state."""
+        s = self.settings
+        closing = {int(w[0]): v for w, v in self.perwindow.iterator()
+                   if int(w[0]) + s.window_ms <= watermark}
+        if not closing:
+            return
+        partition = _partition_id()
+        key_rows: list[dict[str, Any]] = []
+        keys_in = dict.fromkeys(closing, 0)
+        for (key,), value in list(self.perkey.iterator()):
+            state = KeyWindows.from_state(value, 0, 0, 0)
+            for window in sorted(closing.keys() & set(state.windows)):
+                keys_in[window] += 1
+                if s.emit_histograms:
+                    key_rows.append(self._key_histogram(key, state, window, instance, partition))
+            if state.prune(watermark, s.window_ms, s.n_windows):
+                if state.windows:
+                    self.perkey.updateValue((key,), state.to_state())
+                else:
+                    self.perkey.removeKey((key,))
+        instance_rows = [
+            {"kind": INSTANCE_HISTOGRAM, "window_start_ms": window, "instance": instance,
+             "load": float(load), "events": int(events), "keys": keys_in[window],
+             "task_ms": int(task_ns) / 1e6, "cpu_ms": int(cpu_ns) / 1e6,
+             "partition_id": partition, "assignment_version": int(version)}
+            for window, (events, load, task_ns, cpu_ns, version) in sorted(closing.items())]
+        for window in closing:
+            self.perwindow.removeKey((window,))
+        if s.emit_histograms:
+            yield output_frame(key_rows + instance_rows)
+
+    @staticmethod
+    def _key_histogram(key: str, state: KeyWindows, window: int, instance: int,
+                       partition: int) -> dict[str, Any]:
+        count, _, cost = state.window(window)
+        return {"kind": KEY_HISTOGRAM, "key": key, "window_start_ms": window, "count": count,
+                "cost": cost, "state_bytes": state_bytes(key, len(state.windows)),
+                "instance": instance, "default_instance": state.default_instance,
+                "key_group": state.key_group, "partition_id": partition,
+                "assignment_version": state.version}

@@ -1,0 +1,91 @@
+"""Route events to instances in Spark, and pin instance i to shuffle partition i.
+
+An event's instance is ``F(k) = routing[k]`` when the key is in the current
+assignment's routing table, else its default instance
+``h(k) = group_instances(N)[pmod(hash(key), 4096)]`` (:mod:`rebalance.placement`).
+
+The stateful operator groups by a *label* rather than by the instance: Spark
+puts a grouping value ``v`` in shuffle partition ``pmod(hash(v), N)``, so the
+label of instance ``i`` is the smallest non-negative int with
+``pmod(hash(label), N) == i``. With ``spark.sql.shuffle.partitions = N``,
+instance ``i`` then runs in partition ``i``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from ..placement import DEFAULT_KEY_GROUPS, group_instances, spark_hash_int
+
+#: Labels are searched among the first ints; 64 * N is always enough in practice.
+_LABEL_SEARCH_FACTOR = 64
+
+
+@lru_cache(maxsize=32)
+def instance_labels(n_instances: int) -> tuple[int, ...]:
+    """Label of each instance: the smallest int ``l >= 0`` with ``pmod(hash(l), N) == i``."""
+    if n_instances < 1:
+        raise ValueError(f"number of instances must be >= 1, got {n_instances}")
+    labels: dict[int, int] = {}
+    for label in range(_LABEL_SEARCH_FACTOR * n_instances + 64):
+        labels.setdefault(spark_hash_int(label) % n_instances, label)
+        if len(labels) == n_instances:
+            return tuple(labels[i] for i in range(n_instances))
+    missing = sorted(set(range(n_instances)) - set(labels))
+    raise ValueError(f"no int label found for instances {missing}")
+
+
+def key_group_col(key: Column) -> Column:
+    """``pmod(hash(key), 4096)`` as INT: the key's key group."""
+    return F.pmod(F.hash(key), F.lit(DEFAULT_KEY_GROUPS)).cast("int")
+
+
+def int_array(values) -> Column:
+    """A literal ARRAY<INT> (one SQL expression: building 4096 ``F.lit`` columns takes seconds)."""
+    return F.expr("array(" + ", ".join(str(int(v)) for v in values) + ")")
+
+
+def default_instance_col(key_group: Column, n_instances: int) -> Column:
+    """Default instance of a key group for ``n_instances`` (jump consistent hash table)."""
+    return F.element_at(int_array(group_instances(n_instances)), key_group + 1).cast("int")
+
+
+def label_col(instance: Column, n_instances: int) -> Column:
+    """The partition-pinning label of an instance column."""
+    return F.element_at(int_array(instance_labels(n_instances)), instance + 1).cast("int")
+
+
+def route(events: DataFrame, assignment_rows: DataFrame, n_instances: int) -> DataFrame:
+    """Add ``key_group``, ``default_instance``, ``instance``, ``label``, ``assignment_version``.
+
+    ``assignment_rows`` is :func:`rebalance.spark.tables.assignment_rows` (a
+    Delta read). In a streaming query this is a stream-static join: Delta
+    re-reads the table for every micro-batch and both references below see the
+    same snapshot, so every event of a batch is routed by one assignment version
+    and carries that version. A key with two different instances, or an instance
+    outside ``[0, N)``, fails the batch (the table is written by
+    :func:`~rebalance.spark.tables.publish_assignment`, which prevents both).
+    """
+    routes = (assignment_rows.where(F.col("key").isNotNull()).groupBy("key")
+              .agg(F.min("instance").alias("low"), F.max("instance").alias("high"))
+              .select("key", F.when(F.col("low") == F.col("high"), F.col("low")).otherwise(
+                  F.raise_error(F.concat(F.lit("assignment has several instances for key "),
+                                         F.col("key")))).alias("routed_instance")))
+    version = assignment_rows.agg(
+        F.coalesce(F.max("assignment_version"), F.lit(0)).cast("bigint")
+        .alias("assignment_version"))
+    routed = (events
+              .withColumn("key_group", key_group_col(F.col("key")))
+              .withColumn("default_instance", default_instance_col(F.col("key_group"), n_instances))
+              .join(F.broadcast(routes), "key", "left")
+              .crossJoin(F.broadcast(version)))
+    instance = F.coalesce(F.col("routed_instance"), F.col("default_instance"))
+    checked = F.when(instance.between(0, n_instances - 1), instance).otherwise(F.raise_error(
+        F.concat(F.lit("assignment routes key "), F.col("key"), F.lit(" to instance "),
+                 instance.cast("string"), F.lit(f", outside [0, {n_instances})"))))
+    return (routed.withColumn("instance", checked.cast("int"))
+            .withColumn("label", label_col(F.col("instance"), n_instances))
+            .drop("routed_instance"))

@@ -1,0 +1,73 @@
+"""Append batches of a skewed, fluctuating keyed event stream to the Delta table ``events``.
+
+    python spark_apps/generate_events.py --batches 10 --keys 1000 --zipf 1.0 --fluctuation 1.0
+    spark-submit spark_apps/generate_events.py --batches 10
+
+Each batch is one Delta commit; a new run continues after the last batch in the
+table (same options required), so the stream stays a pure function of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rebalance.spark.tables import EVENTS, TableError
+from rebalance.streaming.apps import add_spark_options, spark_from_args
+from rebalance.streaming.generator import (
+    EventGenerator, GeneratorConfig, GeneratorError, append_batches, next_batch)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d = GeneratorConfig()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", type=int, default=10, help="batches to append (default 10)")
+    p.add_argument("--start-batch", type=int,
+                   help="first batch number (default: after the last one in the table)")
+    p.add_argument("--keys", type=int, default=d.n_keys, help="key count K")
+    p.add_argument("--zipf", type=float, default=d.zipf, help="Zipf exponent z")
+    p.add_argument("--events-per-batch", type=int, default=d.events_per_batch)
+    p.add_argument("--batch-seconds", type=float, default=d.batch_seconds,
+                   help="event-time span of one batch")
+    p.add_argument("--fluctuation", type=float, default=d.fluctuation,
+                   help="seed 003's f: load change per interval, in mean loads (0: none)")
+    p.add_argument("--interval-batches", type=int, default=d.interval_batches,
+                   help="batches per fluctuation interval")
+    p.add_argument("--instances", type=int, default=d.n_instances,
+                   help="instances whose loads the fluctuation model changes")
+    p.add_argument("--cost-sigma", type=float, default=d.cost_sigma,
+                   help="log-normal shape of per-event cost, mean 1 (0: every cost is 1)")
+    p.add_argument("--malformed-fraction", type=float, default=d.malformed_fraction)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--start-time", default=d.start, help="event time of batch 0 (ISO-8601)")
+    add_spark_options(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.batches < 1:
+        print("error: --batches must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        config = GeneratorConfig(
+            n_keys=args.keys, zipf=args.zipf, events_per_batch=args.events_per_batch,
+            batch_seconds=args.batch_seconds, fluctuation=args.fluctuation,
+            interval_batches=args.interval_batches, n_instances=args.instances,
+            cost_sigma=args.cost_sigma, malformed_fraction=args.malformed_fraction,
+            seed=args.seed, start=args.start_time)
+        spark = spark_from_args(args, "rebalance-generate-events")
+        first = (args.start_batch if args.start_batch is not None
+                 else next_batch(spark, config, args.tables_root))
+        written = append_batches(spark, EventGenerator(config),
+                                 range(first, first + args.batches), args.tables_root)
+    except (GeneratorError, TableError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"appended batches {written[0]}..{written[-1]} "
+          f"({config.events_per_batch} events each) to {EVENTS.path(args.tables_root)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
