@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from ..placement import default_instances
+from ..synthetic import fluctuate, zipf_weights  # noqa: F401 - re-exported (seed 003 model)
 
 #: Malformed event kinds, named after the reason the job quarantines them with.
 MALFORMED_KINDS = ("missing_key", "negative_value", "non_numeric_value", "unparseable_event_time")
@@ -101,42 +102,6 @@ class EventBatch:
     batch: int
     events: pd.DataFrame
     malformed: pd.Series
-
-
-def zipf_weights(n_keys: int, exponent: float) -> np.ndarray:
-    """Normalised Zipf weights of ranks 1..n_keys."""
-    weights = 1.0 / np.arange(1, n_keys + 1, dtype=np.float64) ** exponent
-    return weights / weights.sum()
-
-
-def fluctuate(freq: np.ndarray, instances: np.ndarray, n_instances: int, target: float,
-              rng: np.random.Generator, max_swaps: int) -> tuple[np.ndarray, float]:
-    """Swap frequencies of key pairs on different instances until the largest change of an
-    instance's load reaches ``target`` times the mean load.
-
-    Returns the new frequencies and the change reached (it can stay below
-    ``target`` when ``max_swaps`` swaps are not enough, e.g. with z = 0).
-    """
-    freq = freq.copy()
-    base = np.bincount(instances, weights=freq, minlength=n_instances)
-    loads = base.copy()
-    mean = freq.sum() / n_instances
-    change, tried = 0.0, 0
-    while change < target and tried < max_swaps:
-        firsts = rng.choice(len(freq), size=256, p=freq / freq.sum())
-        seconds = rng.integers(len(freq), size=256)
-        for a, b in zip(firsts, seconds):
-            tried += 1
-            if instances[a] == instances[b] or freq[a] == freq[b]:
-                continue
-            delta = freq[b] - freq[a]
-            loads[instances[a]] += delta
-            loads[instances[b]] -= delta
-            freq[a], freq[b] = freq[b], freq[a]
-            change = float(np.abs(loads - base).max() / mean)
-            if change >= target or tried >= max_swaps:
-                break
-    return freq, change
 
 
 class EventGenerator:

@@ -1,0 +1,142 @@
+"""``rebalance bench``: replay a workload over many intervals, every planner side by side.
+
+Experiments (``--experiment``):
+
+  quick            one small point of each seed workload (well under a minute)
+  seed003-sweeps   seed 003 Figs. 8-12: sweeps of N, theta, K, f, A_max (Zipf, fluctuation)
+  seed002-budgets  seed 002 Figs. 2-4: MILP vs Flux-style moves under 10/20/30/40 migrations,
+                   20/40/60 instances with 400/800/1200 key groups
+  seed001-elb-clb  seed 001 Sec. 5.1: Gaussian vs Zipf substreams, ELB vs CLB (amortised)
+  replay           a histogram table the streaming job wrote (--histograms, --instances)
+
+Writes DIR/results.csv (one row per experiment point, planner and interval),
+DIR/summary.csv (one row per point and planner) and PNG plots into DIR, and prints the
+summary table. Planner names: the registry's (hash, lpt, elb, clb, milp, mintable, minmig,
+mixed, greedy, auto) and flux; ``name@m`` rebalances every m intervals only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+TABLE_COLUMNS = ("planner", "imbalance_before", "imbalance_after", "imbalance_next",
+                 "migration_fraction", "migration_per_rebalance", "moved_keys", "table_size",
+                 "plan_seconds", "lower_bound_fraction", "gap")
+
+
+def add_subcommands(subparsers) -> None:
+    """Add ``bench`` to the ``rebalance`` command's subparsers."""
+    from .experiments import EXPERIMENTS
+
+    p = subparsers.add_parser(
+        "bench", help="replay workloads and compare every planner (tables and PNG plots)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiment", default="quick", choices=EXPERIMENTS,
+                   help="experiment to run (default quick)")
+    p.add_argument("--planners", metavar="A,B,C",
+                   help="comma-separated planners instead of the experiment's own")
+    p.add_argument("--intervals", type=int, metavar="I",
+                   help="intervals per workload (replay: the first I windows)")
+    p.add_argument("--histograms", metavar="PATH",
+                   help="replay: Delta table directory, Parquet file/directory or CSV with "
+                        "window_start, key, count, cost, state_bytes")
+    p.add_argument("--instances", type=int, metavar="N", help="replay: number of instances")
+    p.add_argument("--theta", type=float, metavar="T",
+                   help="imbalance bound instead of the experiment's (seed003-sweeps: swept)")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="seconds per plan for planners that search (milp, auto); default 2 "
+                        "(quick: 0.5)")
+    p.add_argument("--out", default="bench-out", metavar="DIR",
+                   help="output directory (default ./bench-out)")
+    p.add_argument("--seed", type=int, default=0, help="workload and solver seed (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG")
+    p.set_defaults(func=run_bench)
+
+
+def _check(args) -> None:
+    from ..cli import UserError
+
+    if args.intervals is not None and args.intervals < 2:
+        raise UserError(f"--intervals must be >= 2, got {args.intervals}")
+    if args.time_limit is not None and not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise UserError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    if args.theta is not None and not (math.isfinite(args.theta) and args.theta > 0):
+        raise UserError(f"--theta must be a number > 0, got {args.theta}")
+    if args.experiment == "replay":
+        if not args.histograms or args.instances is None:
+            raise UserError("--experiment replay needs --histograms PATH and --instances N")
+        if args.instances < 1:
+            raise UserError(f"--instances must be >= 1, got {args.instances}")
+    elif args.histograms:
+        raise UserError("--histograms is only used by --experiment replay")
+
+
+def format_table(summary, columns=TABLE_COLUMNS) -> str:
+    """The summary as an aligned text table, one block per experiment point."""
+    if summary.empty:
+        return "(no results)"
+    labels = [c for c in ("sweep", "distribution", "N", "G", "K", "f", "theta", "A_max",
+                          "varies", "budget") if c in summary.columns]
+    cols = [c for c in columns if c in summary.columns]
+    lines = []
+    for _, block in summary.groupby("point", sort=True):
+        head = ", ".join(f"{c}={_fmt(block[c].iloc[0])}" for c in labels
+                         if not _missing(block[c].iloc[0]))
+        lines.append(f"[{head}]")
+        rows = [[_fmt(v) for v in r] for r in block[cols].itertuples(index=False)]
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+        lines.append("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+        lines.extend("  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows)
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()
+                                  and abs(value) >= 1):
+        return str(int(value))
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def run_bench(args) -> int:
+    from tqdm import tqdm
+
+    from .experiments import Settings, build, run, summarise, total_steps
+    from .plots import plot_experiment
+
+    _check(args)
+    settings = Settings(planners=args.planners, intervals=args.intervals, seed=args.seed,
+                        time_limit=args.time_limit, histograms=args.histograms,
+                        instances=args.instances, theta=args.theta)
+    points = build(args.experiment, settings)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    disable = args.no_progress or not sys.stderr.isatty()
+    t0 = time.perf_counter()
+    with tqdm(total=total_steps(points), desc=f"bench {args.experiment}", unit="plan",
+              disable=disable, file=sys.stderr) as bar:
+        results = run(args.experiment, points, progress=bar.update)
+    summary = summarise(results)
+    results.to_csv(out / "results.csv", index=False)
+    summary.to_csv(out / "summary.csv", index=False)
+    pngs = [] if args.no_plots else plot_experiment(args.experiment, results, summary, out)
+    print(format_table(summary))
+    print(f"\n{len(results)} rows, {len(points)} point(s), {time.perf_counter() - t0:.1f} s; "
+          f"wrote {out / 'results.csv'}, {out / 'summary.csv'}"
+          + (f" and {len(pngs)} PNG(s)" if pngs else ""))
+    return 0

@@ -1,0 +1,286 @@
+"""The experiments of ``rebalance bench``: grids of points, each a trace and planners.
+
+* ``quick``: one small point of each seed workload; well under a minute (used by a test).
+* ``seed003-sweeps``: seed 003 Figs. 8-12 and 17: sweeps of N, theta, K, f and A_max
+  around the defaults (z = 0.85, f = 1, theta = 0.08, beta = 1.5, A_max = 3000).
+* ``seed002-budgets``: seed 002 Figs. 2-4: MILP vs Flux-style moves (and seed 004's
+  greedy) under a budget of 10/20/30/40 migrations, 20/40/60 nodes with 400/800/1200 key
+  groups, node perturbation ``varies`` 20 % and 60 %.
+* ``seed001-elb-clb``: seed 001 Sec. 5.1: Gaussian vs Zipf substreams, ELB every window
+  vs CLB every m windows (per-rebalance and amortised movement), full re-pack and hash.
+* ``replay``: a histogram table of the streaming job, every planner.
+
+Every point runs through :func:`rebalance.evaluation.runner.replay`; the rows carry the
+point's parameters so that ``results.csv`` is one flat table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ..model import PlanningError, PlanParams
+from .runner import PlannerSpec, parse_planners, replay
+from .workloads import (Trace, histogram_trace, perturbation_trace, read_histograms,
+                        substream_trace, zipf_trace)
+
+EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb", "replay")
+
+
+@dataclass
+class Point:
+    """One experiment point: parameters (for the table), a trace factory and planners."""
+
+    labels: dict[str, Any]
+    make_trace: Callable[[], Trace]
+    planners: list[PlannerSpec]
+    params: PlanParams
+    window: int = 1
+    intervals: int = 0   # number of intervals of the trace (for the progress bar)
+
+
+@dataclass
+class Settings:
+    """User choices that override the experiment defaults."""
+
+    planners: str | None = None
+    intervals: int | None = None
+    seed: int = 0
+    time_limit: float | None = None
+    histograms: str | None = None
+    instances: int | None = None
+    theta: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _specs(default: str, settings: Settings) -> list[PlannerSpec]:
+    return parse_planners(settings.planners or default)
+
+
+# --------------------------------------------------------------------------- seed 003
+
+SEED003_DEFAULTS = dict(K=10_000, N=15, z=0.85, f=1.0, theta=0.08, A_max=3000)
+SEED003_SWEEPS = {
+    "N": [5, 10, 15, 20, 30, 40],
+    "theta": [0.02, 0.05, 0.08, 0.2, 0.5],
+    "K": [5_000, 10_000, 100_000],
+    "f": [0.25, 0.5, 1.0, 1.5, 2.0],
+    "A_max": [0, 100, 300, 1000, 3000],
+}
+SEED003_PLANNERS = "hash,mintable,minmig,mixed,greedy"
+
+
+def _seed003_point(sweep: str, values: dict[str, Any], specs, intervals: int, seed: int,
+                   time_limit: float) -> Point:
+    v = dict(values)
+    params = PlanParams(theta=v["theta"], max_table=v["A_max"], time_limit=time_limit,
+                        seed=seed)
+    return Point(
+        labels=dict(sweep=sweep, **v),
+        make_trace=lambda: zipf_trace(n_keys=v["K"], n_instances=v["N"], intervals=intervals,
+                                      zipf=v["z"], fluctuation=v["f"], seed=seed),
+        planners=specs, params=params, intervals=intervals)
+
+
+def seed003_sweeps(settings: Settings, sweeps: dict[str, list] | None = None,
+                   defaults: dict[str, Any] | None = None) -> list[Point]:
+    intervals = settings.intervals or 6
+    specs = _specs(SEED003_PLANNERS, settings)
+    base = dict(SEED003_DEFAULTS, **(defaults or {}))
+    points = []
+    for name, values in (sweeps or SEED003_SWEEPS).items():
+        for value in values:
+            points.append(_seed003_point(name, dict(base, **{name: value}), specs, intervals,
+                                         settings.seed, settings.time_limit or 2.0))
+    return points
+
+
+# --------------------------------------------------------------------------- seed 002
+
+SEED002_CLUSTERS = [(20, 400), (40, 800), (60, 1200)]
+SEED002_BUDGETS = [10, 20, 30, 40]
+SEED002_VARIES = [0.2, 0.6]
+SEED002_PLANNERS = "milp,flux,greedy"
+SEED002_THETA = 0.01
+
+
+def seed002_budgets(settings: Settings, clusters=None, budgets=None, varies=None) -> list[Point]:
+    intervals = settings.intervals or 3
+    specs = _specs(SEED002_PLANNERS, settings)
+    theta = settings.theta or SEED002_THETA
+    points = []
+    for n, g in clusters or SEED002_CLUSTERS:
+        for var in varies or SEED002_VARIES:
+            for budget in budgets or SEED002_BUDGETS:
+                params = PlanParams(theta=theta, budget_keys=budget,
+                                    time_limit=settings.time_limit or 2.0, seed=settings.seed)
+                points.append(Point(
+                    labels=dict(sweep="budget", N=n, G=g, varies=var, budget=budget,
+                                theta=theta),
+                    make_trace=(lambda n=n, g=g, var=var: perturbation_trace(
+                        n, g, intervals=intervals, varies=var, seed=settings.seed)),
+                    planners=specs, params=params, intervals=intervals))
+    return points
+
+
+# --------------------------------------------------------------------------- seed 001
+
+SEED001_PLANNERS = "hash,elb,clb@24,lpt"
+
+
+def seed001_elb_clb(settings: Settings, instances: Sequence[int] = (5, 10, 15),
+                    n_substreams: int = 100) -> list[Point]:
+    intervals = settings.intervals or 121
+    specs = _specs(SEED001_PLANNERS, settings)
+    theta = settings.theta or 0.1
+    points = []
+    for dist in ("gaussian", "zipf"):
+        for n in instances:
+            params = PlanParams(theta=theta, time_limit=settings.time_limit or 2.0,
+                                seed=settings.seed)
+            points.append(Point(
+                labels=dict(sweep="distribution", distribution=dist, N=n, p=n_substreams,
+                            theta=theta),
+                make_trace=(lambda dist=dist, n=n: substream_trace(
+                    dist, n_substreams, n, intervals=intervals, seed=settings.seed)),
+                planners=specs, params=params, intervals=intervals))
+    return points
+
+
+# --------------------------------------------------------------------------- quick / replay
+
+def quick(settings: Settings) -> list[Point]:
+    """One small point per seed workload: seconds, not minutes."""
+    intervals = settings.intervals or 4
+    tl = settings.time_limit or 0.5
+    seed = settings.seed
+    specs = settings.planners
+    points = [
+        Point(labels=dict(sweep="seed003", K=2000, N=8, z=0.85, f=1.0, theta=0.08, A_max=300),
+              make_trace=lambda: zipf_trace(2000, 8, intervals=intervals, seed=seed),
+              planners=parse_planners(specs or "hash,greedy,mixed,mintable,flux"),
+              params=PlanParams(theta=0.08, max_table=300, time_limit=tl, seed=seed),
+              intervals=intervals),
+        Point(labels=dict(sweep="seed002", N=10, G=100, varies=0.4, budget=10, theta=0.01),
+              make_trace=lambda: perturbation_trace(10, 100, intervals=intervals, varies=0.4,
+                                                    seed=seed),
+              planners=parse_planners(specs or "milp,flux,greedy"),
+              params=PlanParams(theta=0.01, budget_keys=10, time_limit=tl, seed=seed),
+              intervals=intervals),
+        Point(labels=dict(sweep="seed001", distribution="zipf", N=5, p=50, theta=0.1),
+              make_trace=lambda: substream_trace("zipf", 50, 5, intervals=3 * intervals,
+                                                 seed=seed),
+              planners=parse_planners(specs or f"hash,elb,clb@{intervals}"),
+              params=PlanParams(theta=0.1, time_limit=tl, seed=seed),
+              intervals=3 * intervals),
+    ]
+    return points
+
+
+def replay_points(settings: Settings) -> list[Point]:
+    if not settings.histograms or not settings.instances:
+        raise PlanningError("replay needs --histograms PATH and --instances N")
+    frame = read_histograms(settings.histograms)
+    trace = histogram_trace(frame, settings.instances, name=str(settings.histograms))
+    if settings.intervals:
+        trace = _first_intervals(trace, settings.intervals)
+    theta = settings.theta or 0.08
+    params = PlanParams(theta=theta, time_limit=settings.time_limit or 2.0, seed=settings.seed)
+    specs = _specs("hash,greedy,mixed,mintable,elb,flux,milp", settings)
+    return [Point(labels=dict(sweep="replay", N=settings.instances, K=trace.n_keys,
+                              theta=theta),
+                  make_trace=lambda: trace, planners=specs, params=params,
+                  intervals=trace.n_intervals)]
+
+
+def _first_intervals(trace: Trace, n: int) -> Trace:
+    if n < 2:
+        raise PlanningError(f"--intervals must be >= 2, got {n}")
+    return dataclasses.replace(trace, load=trace.load[:n], state=trace.state[:n])
+
+
+def build(experiment: str, settings: Settings) -> list[Point]:
+    if settings.intervals is not None and settings.intervals < 2:
+        raise PlanningError(f"--intervals must be >= 2, got {settings.intervals}")
+    if experiment == "quick":
+        return quick(settings)
+    if experiment == "seed003-sweeps":
+        return seed003_sweeps(settings)
+    if experiment == "seed002-budgets":
+        return seed002_budgets(settings)
+    if experiment == "seed001-elb-clb":
+        return seed001_elb_clb(settings)
+    if experiment == "replay":
+        return replay_points(settings)
+    raise PlanningError(f"unknown experiment {experiment!r}; choose one of "
+                        f"{', '.join(EXPERIMENTS)}")
+
+
+def total_steps(points: Sequence[Point]) -> int:
+    return sum(len(p.planners) * max(0, p.intervals - 1) for p in points)
+
+
+def run(experiment: str, points: Sequence[Point],
+        progress: Callable[[int], None] | None = None) -> pd.DataFrame:
+    """Run every point; one row per point, planner and interval."""
+    rows = []
+    for i, point in enumerate(points):
+        trace = point.make_trace()
+        for row in replay(trace, point.planners, point.params, point.window, progress):
+            rows.append(dict(experiment=experiment, point=i, **point.labels, **row))
+    return pd.DataFrame(rows)
+
+
+def summarise(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per experiment point and planner.
+
+    ``migration_fraction`` is the mean over all intervals (amortised, held intervals count
+    as 0); ``migration_per_rebalance`` the mean over the intervals that rebalanced;
+    ``plan_seconds`` and ``gap`` are over rebalancing intervals only; ``load_var_next_std``
+    is the standard deviation over intervals of the realised load variance / mean^2.
+    """
+    if results.empty:
+        return results
+    label_cols = [c for c in results.columns
+                  if c not in _metric_columns(results) and c not in ("interval",)]
+    out = []
+    for key, grp in results.groupby(label_cols, sort=False, dropna=False):
+        reb = grp[grp["rebalanced"].astype(bool)]
+        row = dict(zip(label_cols, key))
+        row.update(
+            intervals=len(grp), rebalances=len(reb),
+            imbalance_before=grp["imbalance_before"].mean(),
+            imbalance_after=grp["imbalance_after"].mean(),
+            imbalance_after_max=grp["imbalance_after"].max(),
+            imbalance_next=grp["imbalance_next"].mean(),
+            load_distance_after=grp["load_distance_after"].mean(),
+            load_var_next=grp["load_var_next"].mean(),
+            load_var_next_std=grp["load_var_next"].std(ddof=0),
+            migration_fraction=grp["migration_fraction"].mean(),
+            migration_per_rebalance=reb["migration_fraction"].mean() if len(reb) else 0.0,
+            moved_keys=reb["moved_keys"].mean() if len(reb) else 0.0,
+            table_size=grp["table_size"].mean(),
+            plan_seconds=reb["plan_seconds"].mean() if len(reb) else 0.0,
+            plan_seconds_max=reb["plan_seconds"].max() if len(reb) else 0.0,
+            lower_bound_fraction=reb["lower_bound_fraction"].mean() if len(reb) else 0.0,
+            gap=reb["gap"].mean() if len(reb) else 0.0,
+            feasible_share=reb["feasible"].astype(float).mean() if len(reb) else float("nan"),
+        )
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+_RUNNER_METRICS = {
+    "imbalance_before", "imbalance_after", "load_distance_after", "load_var_after",
+    "migration_fraction", "migration_bytes", "moved_keys", "table_size", "n_keys",
+    "plan_seconds", "lower_bound_fraction", "gap", "feasible", "rebalanced",
+    "imbalance_next", "load_distance_next", "load_var_next",
+}
+
+
+def _metric_columns(results: pd.DataFrame) -> set[str]:
+    return {c for c in results.columns if c in _RUNNER_METRICS}

@@ -1,0 +1,160 @@
+"""PNG plots of a ``rebalance bench`` run (matplotlib, Agg backend, no display)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+STYLES = ("o-", "s-", "^-", "D-", "v-", "x-", "*-", "P-")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def _lines(ax, frame: pd.DataFrame, x: str, y: str, by: str = "planner", logx: bool = False,
+           label_suffix: str = "", style_offset: int = 0) -> None:
+    for i, (name, grp) in enumerate(frame.groupby(by, sort=False)):
+        grp = grp.sort_values(x)
+        ax.plot(grp[x], grp[y], STYLES[(i + style_offset) % len(STYLES)],
+                label=f"{name}{label_suffix}", markersize=4)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(x)
+    ax.grid(alpha=0.3)
+
+
+def plot_seed003(summary: pd.DataFrame, out: Path, prefix: str = "seed003") -> list[Path]:
+    """One figure per swept parameter: imbalance, migration and plan time vs the parameter."""
+    plt = _pyplot()
+    paths = []
+    for sweep, grp in summary.groupby("sweep", sort=False):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        logx = sweep == "K"
+        for ax, y, title in zip(axes, ("imbalance_after", "migration_fraction", "plan_seconds"),
+                                ("imbalance after plan (max/mean)", "migration (fraction of state)",
+                                 "plan time (s)")):
+            _lines(ax, grp, sweep, y, logx=logx)
+            ax.set_title(title)
+        axes[2].set_yscale("log")
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"seed 003 sweep of {sweep} (other parameters at their defaults)")
+        paths.append(_save(fig, out / f"{prefix}_{sweep}.png"))
+    return paths
+
+
+def plot_seed002(summary: pd.DataFrame, out: Path, prefix: str = "seed002") -> list[Path]:
+    """Load distance after the plan vs the migration budget, one panel per cluster."""
+    plt = _pyplot()
+    clusters = summary[["N", "G"]].drop_duplicates().sort_values("N").to_numpy().tolist()
+    fig, axes = plt.subplots(2, len(clusters), figsize=(4.3 * len(clusters), 6.4),
+                             squeeze=False)
+    for j, (n, g) in enumerate(clusters):
+        sub = summary[(summary["N"] == n) & (summary["G"] == g)]
+        for row, y, title in ((0, "imbalance_after", "max/mean - 1"),
+                              (1, "load_distance_after", "max |L - mean| / mean")):
+            ax = axes[row][j]
+            for k, (var, vgrp) in enumerate(sub.groupby("varies", sort=True)):
+                vgrp = vgrp.assign(_y=vgrp[y] - (1.0 if y == "imbalance_after" else 0.0))
+                _lines(ax, vgrp, "budget", "_y", label_suffix=f" varies={var:g}",
+                       style_offset=3 * k)
+            ax.set_title(f"N={int(n)}, {int(g)} key groups: {title}", fontsize=9)
+            ax.set_xlabel("migration budget (key groups)")
+            ax.set_yscale("log")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("seed 002: load distance after one plan under a migration budget")
+    return [_save(fig, out / f"{prefix}_budgets.png")]
+
+
+def plot_seed001(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
+                 prefix: str = "seed001", n_show: int | None = None) -> list[Path]:
+    """Realised load variance over time (Gaussian vs Zipf) and state movement per planner."""
+    plt = _pyplot()
+    paths = []
+    ns = sorted(results["N"].unique())
+    n_show = n_show if n_show in ns else ns[len(ns) // 2]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharey=True)
+    for ax, dist in zip(axes, ("gaussian", "zipf")):
+        sub = results[(results["distribution"] == dist) & (results["N"] == n_show)]
+        for i, (name, grp) in enumerate(sub.groupby("planner", sort=False)):
+            ax.plot(grp["interval"], grp["load_var_next"], STYLES[i % len(STYLES)][1:],
+                    label=name, linewidth=1)
+        ax.set_yscale("log")
+        ax.set_title(f"{dist}, N={n_show}: var(L_t)/mean^2 of window t")
+        ax.set_xlabel("window t")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    paths.append(_save(fig, out / f"{prefix}_variance.png"))
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    sub = summary[summary["N"] == n_show]
+    planners = list(dict.fromkeys(sub["planner"]))
+    width = 0.38
+    for ax, dist in zip(axes, ("gaussian", "zipf")):
+        d = sub[sub["distribution"] == dist].set_index("planner").reindex(planners)
+        x = np.arange(len(planners))
+        ax.bar(x - width / 2, 100 * d["migration_per_rebalance"], width, label="per rebalance")
+        ax.bar(x + width / 2, 100 * d["migration_fraction"], width, label="amortised per window")
+        ax.set_xticks(x, planners)
+        ax.set_ylabel("state moved (%)")
+        ax.set_title(f"{dist}, N={n_show}")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    paths.append(_save(fig, out / f"{prefix}_movement.png"))
+    return paths
+
+
+def plot_generic(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
+                 prefix: str) -> list[Path]:
+    """Per point: imbalance on the next window over time, and mean migration per planner."""
+    plt = _pyplot()
+    points = list(dict.fromkeys(results["point"]))
+    fig, axes = plt.subplots(2, len(points), figsize=(4.5 * len(points), 6.4), squeeze=False)
+    for j, p in enumerate(points):
+        sub = results[results["point"] == p]
+        label = str(sub["sweep"].iloc[0]) if "sweep" in sub else f"point {p}"
+        ax = axes[0][j]
+        for i, (name, grp) in enumerate(sub.groupby("planner", sort=False)):
+            ax.plot(grp["interval"], grp["imbalance_next"], STYLES[i % len(STYLES)],
+                    label=name, markersize=3)
+        ax.set_title(f"{label}: imbalance on the next window", fontsize=9)
+        ax.set_xlabel("interval")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        s = summary[summary["point"] == p]
+        ax = axes[1][j]
+        ax.bar(s["planner"], 100 * s["migration_fraction"])
+        ax.set_title(f"{label}: state moved per interval (%)", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7, rotation=30)
+        ax.grid(alpha=0.3, axis="y")
+    return [_save(fig, out / f"{prefix}_overview.png")]
+
+
+def plot_experiment(experiment: str, results: pd.DataFrame, summary: pd.DataFrame,
+                    out: str | Path) -> list[Path]:
+    """Every PNG of ``experiment`` into ``out``; returns their paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if results.empty:
+        return []
+    if experiment == "seed003-sweeps":
+        return plot_seed003(summary, out)
+    if experiment == "seed002-budgets":
+        return plot_seed002(summary, out)
+    if experiment == "seed001-elb-clb":
+        return plot_seed001(results, summary, out)
+    return plot_generic(results, summary, out, experiment.replace("-", "_"))

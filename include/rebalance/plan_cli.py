@@ -1,0 +1,230 @@
+"""``rebalance plan``: compute a new key-to-instance assignment from key histograms.
+
+    rebalance plan --histograms PATH --instances N [--assignment PATH] [--method M]
+                   [--theta T] [--max-table A] [--windows W] [--migration-budget B]
+                   [--time-limit S] --out DIR
+
+Reads per-window key histograms (a Delta table directory, a Parquet file or directory,
+or a CSV file), aggregates the last W windows into a planning problem
+(:mod:`rebalance.histograms`), runs a planner of :mod:`rebalance.planners` and writes
+
+* ``DIR/plan.json``: parameters, input summary, metrics (all JSON numbers), feasibility,
+  method and notes;
+* ``DIR/assignment.parquet``: ``key`` (string), ``instance`` (int64), ``moved`` (bool) for
+  every key of the input (histogram keys and assignment-file keys).
+
+Both files are written to temporary names first and renamed into place, so a failure
+never leaves a half-written plan and bad input writes nothing at all. Bad input raises
+:class:`~rebalance.cli.UserError` (one line, exit code 2).
+
+cli.py registers the command with :func:`add_subcommands`; heavy imports (pandas,
+pyarrow, Spark) happen inside :func:`run_plan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+PLAN_FILE = "plan.json"
+ASSIGNMENT_FILE = "assignment.parquet"
+FORMAT_VERSION = 1
+
+
+def add_subcommands(subparsers) -> None:
+    """Add ``plan`` to the ``rebalance`` command's subparsers."""
+    p = subparsers.add_parser(
+        "plan", help="plan a balanced key-to-instance assignment from key histograms",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--histograms", required=True, metavar="PATH",
+                   help="Delta table directory, Parquet file/directory or CSV file with columns "
+                        "window_start, key, count [, cost, state_bytes]")
+    p.add_argument("--instances", required=True, type=int, metavar="N",
+                   help="number of instances to plan for (>= 1)")
+    p.add_argument("--assignment", metavar="PATH",
+                   help="current assignment (Parquet or CSV with columns key, instance); "
+                        "unlisted keys are on their default placement")
+    p.add_argument("--method", default="auto", metavar="M",
+                   help="planner (default auto): hash, lpt, elb, clb, milp, mintable, minmig, "
+                        "mixed, greedy, auto")
+    p.add_argument("--theta", type=float, default=0.08, metavar="T",
+                   help="imbalance bound: every instance load <= (1 + T) * mean (default 0.08)")
+    p.add_argument("--max-table", type=int, default=None, metavar="A",
+                   help="largest routing table (keys off their default placement); default none")
+    p.add_argument("--windows", type=int, default=1, metavar="W",
+                   help="plan over the last W histogram windows (default 1)")
+    p.add_argument("--migration-budget", type=float, default=None, metavar="B",
+                   help="largest migration: a fraction of the total state if B <= 1, "
+                        "else bytes (default none)")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
+                   help="seconds for planners that search (milp, auto); default 10")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory for plan.json and assignment.parquet")
+    p.set_defaults(func=run_plan)
+
+
+def _check_args(args: argparse.Namespace):
+    from .cli import UserError
+
+    if args.instances < 1:
+        raise UserError(f"--instances must be >= 1, got {args.instances}")
+    if not (math.isfinite(args.theta) and args.theta > 0):
+        raise UserError(f"--theta must be a number > 0, got {args.theta}")
+    if args.windows < 1:
+        raise UserError(f"--windows must be >= 1, got {args.windows}")
+    if args.max_table is not None and args.max_table < 0:
+        raise UserError(f"--max-table must be >= 0, got {args.max_table}")
+    b = args.migration_budget
+    if b is not None and not (math.isfinite(b) and b >= 0):
+        raise UserError(f"--migration-budget must be a number >= 0, got {b}")
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise UserError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+
+
+def budget_bytes(budget: float | None, total_state: float) -> float | None:
+    """``--migration-budget``: a fraction of the total state if <= 1, else bytes."""
+    if budget is None:
+        return None
+    return float(budget) * total_state if budget <= 1 else float(budget)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Load, plan, write; returns 0 (an infeasible plan is still written, feasible=false)."""
+    from .cli import UserError
+    from .histograms import load_input
+    from .model import PlanParams, PlanningError
+    from .planners import METHODS, get_planner
+
+    _check_args(args)
+    if args.method not in METHODS:
+        raise UserError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
+    problem, summary = load_input(args.histograms, args.instances,
+                                  assignment_path=args.assignment, windows=args.windows)
+    total_state = float(problem.state.sum())
+    budget = budget_bytes(args.migration_budget, total_state)
+    try:
+        params = PlanParams(theta=float(args.theta), max_table=args.max_table,
+                            budget_bytes=budget, time_limit=float(args.time_limit))
+    except PlanningError as exc:
+        raise UserError(str(exc)) from None
+    plan = get_planner(args.method).plan(problem, params)
+
+    document = plan_document(args, summary, plan, budget)
+    frame = _assignment_table(problem, plan)
+    write_plan(Path(args.out), document, frame)
+    m = plan.metrics
+    print(f"plan {args.method} -> {plan.method}: feasible={plan.feasible} "
+          f"imbalance {m.imbalance_before:.4f} -> {m.imbalance_after:.4f}, "
+          f"migration {m.migration_fraction:.4%} ({m.moved_keys} keys), table {m.table_size}, "
+          f"{plan.plan_seconds:.3f} s; wrote {Path(args.out) / PLAN_FILE}")
+    return 0
+
+
+def _number(x: Any) -> Any:
+    """JSON-safe value: numpy scalars to Python, non-finite floats to None."""
+    import numpy as np
+
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(float(x)) else None
+    if isinstance(x, dict):
+        return {k: _number(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_number(v) for v in x]
+    return x
+
+
+def plan_document(args: argparse.Namespace, summary: dict[str, Any], plan, budget) -> dict:
+    metrics = plan.metrics_dict()
+    return _number({
+        "format_version": FORMAT_VERSION,
+        "method": args.method,
+        "planner": plan.method,
+        "feasible": plan.feasible,
+        "notes": list(plan.notes),
+        "parameters": {
+            "histograms": str(args.histograms),
+            "instances": args.instances,
+            "assignment": None if args.assignment is None else str(args.assignment),
+            "method": args.method,
+            "theta": args.theta,
+            "max_table": args.max_table,
+            "windows": args.windows,
+            "migration_budget": args.migration_budget,
+            "migration_budget_bytes": budget,
+            "time_limit": args.time_limit,
+        },
+        "input": summary,
+        "metrics": metrics,
+    })
+
+
+def _assignment_table(problem, plan):
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.table({
+        "key": pa.array(problem.keys.astype(str), type=pa.string()),
+        "instance": pa.array(np.asarray(plan.assignment, dtype=np.int64), type=pa.int64()),
+        "moved": pa.array(np.asarray(plan.moved, dtype=bool), type=pa.bool_()),
+    })
+
+
+def write_plan(out: Path, document: dict, table) -> None:
+    """Write plan.json and assignment.parquet so that no reader ever sees half a plan.
+
+    A new DIR is built as a sibling temporary directory and renamed into place. An
+    existing DIR gets both files under temporary names first, then the assignment and
+    finally plan.json are renamed over the old ones (plan.json names the assignment's
+    row count and digest, so a pair can always be checked).
+    """
+    import hashlib
+    import json
+
+    import pyarrow.parquet as pq
+
+    out = Path(out)
+    parent = out.parent if str(out.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    try:
+        pq.write_table(table, staging / ASSIGNMENT_FILE)
+        digest = hashlib.sha256((staging / ASSIGNMENT_FILE).read_bytes()).hexdigest()
+        document = dict(document, assignment_file={"name": ASSIGNMENT_FILE,
+                                                   "rows": table.num_rows, "sha256": digest})
+        with open(staging / PLAN_FILE, "w", encoding="utf-8") as fh:
+            json.dump(document, fh, indent=2, sort_keys=False, allow_nan=False)
+            fh.write("\n")
+        if not out.exists():
+            try:
+                os.rename(staging, out)
+                return
+            except OSError:
+                if not out.is_dir():
+                    raise
+        # DIR exists: stage both files inside it, then rename over the old ones.
+        tmp_a = out / f".{ASSIGNMENT_FILE}.tmp-{os.getpid()}"
+        tmp_p = out / f".{PLAN_FILE}.tmp-{os.getpid()}"
+        try:
+            shutil.copyfile(staging / ASSIGNMENT_FILE, tmp_a)
+            shutil.copyfile(staging / PLAN_FILE, tmp_p)
+            os.replace(tmp_a, out / ASSIGNMENT_FILE)
+            os.replace(tmp_p, out / PLAN_FILE)
+        finally:
+            for t in (tmp_a, tmp_p):
+                if t.exists():
+                    t.unlink()
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
