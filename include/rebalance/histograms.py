@@ -92,7 +92,8 @@ def _read_delta(path: Path) -> pd.DataFrame:
     if len(pdf) and (bad > 0).any():
         row = pdf[bad > 0].iloc[0]
         raise InputError(f"histograms hold negative, NaN or missing values: key {row['key']!r} "
-                         f"in window {row['window_start']} ({int((bad > 0).sum())} bad key-window(s))")
+                         f"in window {row['window_start']} "
+                         f"({int((bad > 0).sum())} bad key-window(s))")
     return pdf
 
 
@@ -174,7 +175,8 @@ def validate_histograms(frame: pd.DataFrame) -> pd.DataFrame:
                          f"{_first_line(exc)}") from None
     if ws.isna().any():
         raise InputError(f"histograms hold {int(ws.isna().sum())} row(s) without a window_start")
-    out = pd.DataFrame({"window_start": ws.dt.tz_localize(None).to_numpy(), "key": frame["key"].astype(str).to_numpy()})
+    out = pd.DataFrame({"window_start": ws.dt.tz_localize(None).to_numpy(),
+                        "key": frame["key"].astype(str).to_numpy()})
     out["count"] = _numeric(frame, "count", "histograms")
     out["cost"] = _numeric(frame, "cost", "histograms") if "cost" in frame else out["count"]
     out["state_bytes"] = (_numeric(frame, "state_bytes", "histograms")
@@ -285,6 +287,7 @@ def load_input(histograms: str | Path, n_instances: int, assignment_path: str | 
     frame = read_histograms(histograms)
     assignment = None if assignment_path is None else read_assignment(assignment_path)
     problem, summary = build_problem(frame, n_instances, assignment, windows)
-    summary["histograms_format"] = ("delta" if _is_delta(Path(histograms)) else
-                                    "csv" if Path(histograms).suffix.lower() == ".csv" else "parquet")
+    path = Path(histograms)
+    summary["histograms_format"] = ("delta" if _is_delta(path) else
+                                    "csv" if path.suffix.lower() == ".csv" else "parquet")
     return problem, summary

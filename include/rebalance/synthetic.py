@@ -48,23 +48,42 @@ def fluctuate(freq: np.ndarray, instances: np.ndarray, n_instances: int, target:
     Returns the new frequencies and the change reached (it can stay below ``target`` when
     ``max_swaps`` pairs are not enough, e.g. with z = 0).
 
-    The pairs are drawn ``CHUNK`` at a time (first key by frequency, second uniformly) and
-    applied in order; a pair is skipped when both keys are on the same instance or have
-    equal frequencies. The result is bit-for-bit that of applying the pairs one by one;
-    the work is vectorised over runs of pairs that share no key (a run ends where a key
-    of an earlier pair of the round reappears), with the instance loads after each swap
-    taken from one cumulative sum in the sequential order.
+    Pairs are drawn ``CHUNK`` at a time from the frequencies at the start of the round
+    (first key by frequency, second uniformly) and applied in order; a pair is skipped when
+    both keys are on the same instance or have equal frequencies; every pair drawn counts
+    towards ``max_swaps``. This is the model of the former pure-Python loop, made fast:
+
+    * the draw by frequency costs O(CHUNK log K), not O(K): the cumulative sum of the
+      frequencies is kept from an earlier round, and a draw that lands on a key changed
+      since then is redrawn among the changed keys by their current frequencies. Swaps
+      only permute values among the changed keys, so their total is the same and the draw
+      is exactly by the current frequencies. The sum is rebuilt when min(K/8, 8192) keys
+      changed.
+    * the swaps of a round are applied in runs of pairs that share no key, vectorised,
+      with the instance loads after each swap taken from one cumulative sum in order.
     """
     freq = np.array(freq, dtype=np.float64, copy=True)
     instances = np.asarray(instances, dtype=np.int64)
+    k = len(freq)
     base = np.bincount(instances, weights=freq, minlength=n_instances)
     loads = base.copy()
     mean = freq.sum() / n_instances
     change, tried = 0.0, 0
-    k = len(freq)
+    cdf = changed = None
+    rebuild_at = max(256, min(k // 8, 8192))
+    changed_keys = np.empty(0, dtype=np.int64)
     while change < target and tried < max_swaps:
-        firsts = rng.choice(k, size=CHUNK, p=freq / freq.sum())
+        if cdf is None or len(changed_keys) > rebuild_at:
+            cdf = np.cumsum(freq)
+            changed = np.zeros(k, dtype=bool)
+            changed_keys = np.empty(0, dtype=np.int64)
+        firsts = np.minimum(np.searchsorted(cdf, rng.random(CHUNK) * cdf[-1], side="right"), k - 1)
         seconds = rng.integers(k, size=CHUNK)
+        redraw = np.flatnonzero(changed[firsts])
+        if len(redraw):
+            cum = np.cumsum(freq[changed_keys])
+            pick = np.searchsorted(cum, rng.random(len(redraw)) * cum[-1], side="right")
+            firsts[redraw] = changed_keys[np.minimum(pick, len(changed_keys) - 1)]
         cand = np.flatnonzero(instances[firsts] != instances[seconds])
         stop = False
         while len(cand):
@@ -94,6 +113,10 @@ def fluctuate(freq: np.ndarray, instances: np.ndarray, n_instances: int, target:
                 last = int(done[0]) if len(done) else len(ra) - 1
                 sa, sb = ra[:last + 1], rb[:last + 1]
                 freq[sa], freq[sb] = fb[:last + 1], fa[:last + 1]
+                fresh = np.concatenate([sa, sb])
+                fresh = fresh[~changed[fresh]]
+                changed[fresh] = True
+                changed_keys = np.concatenate([changed_keys, fresh])
                 loads = path[last].copy()
                 change = float(changes[last])
                 if len(done):
@@ -208,7 +231,7 @@ class SyntheticWorkload:
         return state_sizes(self.load(interval), self.size_factor, c.bytes_per_event, c.key_overhead)
 
     def problem(self, interval: int, current: np.ndarray | None = None) -> Problem:
-        """Plan with interval ``interval``'s loads and state from ``current`` (default placement)."""
+        """Interval ``interval``'s loads and state, from ``current`` (default placement if None)."""
         cur = self.default if current is None else np.asarray(current, dtype=np.int64)
         return Problem(keys=self.keys, load=self.load(interval), state=self.state(interval),
                        current=cur, default=self.default, n_instances=self.config.n_instances)

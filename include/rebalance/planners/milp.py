@@ -200,14 +200,18 @@ class _HighsWithStart(pulp.HiGHS):
     model to HiGHS counts against the same deadline.
     """
 
-    def __init__(self, start: dict[pulp.LpVariable, float] | None, deadline: float, **options):
+    def __init__(self, start: dict[pulp.LpVariable, float] | None, deadline: float,
+                 highs_options: dict | None = None, **options):
         super().__init__(**options)
         self._start = start
         self._deadline = deadline
+        self._highs_options = dict(highs_options or {})
 
     def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's name)
         h = lp.solverModel
         h.setOptionValue("time_limit", max(MIN_SOLVE_SECONDS, self._deadline - time.perf_counter()))
+        for name, value in self._highs_options.items():
+            h.setOptionValue(name, value)
         if self._start:
             index = np.fromiter((v.index for v in self._start), dtype=np.int32)
             value = np.fromiter(self._start.values(), dtype=np.float64)
@@ -254,7 +258,8 @@ def _solve_modes(problem: Problem, params: PlanParams, s: _Setting, units: _Unit
         values, start_note = _start_values(problem, units, s, model, starts)
         now = time.perf_counter()
         share = 1.0 if values is not None else HARD_SHARE
-        outcome = _solve(model, values, now + (solve_end - now) * share, params.seed)
+        outcome = _solve(model, values, now + (solve_end - now) * share, params.seed,
+                         params.extra.get("highs_options"))
         notes += [start_note, _describe_outcome("hard bound", outcome)]
         if outcome.has_solution:
             return model, outcome
@@ -264,7 +269,7 @@ def _solve_modes(problem: Problem, params: PlanParams, s: _Setting, units: _Unit
                  f"L_max = {s.l_max * s.mean:.6g} first, then migration")
     model = _build(problem, units, s, params.theta, hard=False)
     values, start_note = _start_values(problem, units, s, model, starts)
-    outcome = _solve(model, values, solve_end, params.seed)
+    outcome = _solve(model, values, solve_end, params.seed, params.extra.get("highs_options"))
     notes += [start_note, _describe_outcome("soft bound", outcome)]
     return model, outcome
 
@@ -664,9 +669,15 @@ def _values(problem: Problem, units: _Units, s: _Setting, m: _Model, start: np.n
     return values
 
 
-def _solve(m: _Model, start: dict | None, deadline: float, seed: int) -> _Outcome:
-    """Run HiGHS single-threaded until ``deadline`` and read back status and bound."""
-    solver = _HighsWithStart(start, deadline, msg=False, threads=1, random_seed=int(seed))
+def _solve(m: _Model, start: dict | None, deadline: float, seed: int,
+           highs_options: dict | None = None) -> _Outcome:
+    """Run HiGHS single-threaded until ``deadline`` and read back status and bound.
+
+    ``highs_options`` (``params.extra["highs_options"]``, e.g. ``{"mip_rel_gap": 0.01}``)
+    are set on HiGHS as they are; a gap or node limit that stops the search before the
+    deadline makes the result independent of the machine's speed."""
+    solver = _HighsWithStart(start, deadline, highs_options, msg=False, threads=1,
+                             random_seed=int(seed))
     t = time.perf_counter()
     try:
         m.lp.solve(solver)

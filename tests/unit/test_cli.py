@@ -1,0 +1,240 @@
+"""``rebalance plan`` on Parquet/CSV input: outputs, metrics, and every bad-input case."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from rebalance import cli
+from rebalance.placement import default_instances
+
+T0 = pd.Timestamp("2024-01-01T00:00:00Z")
+METRICS = ("imbalance_before", "imbalance_after", "migration_fraction", "migration_bytes",
+           "moved_keys", "table_size", "plan_seconds", "lower_bound_migration_fraction")
+
+
+def histogram_frame(n_keys=60, windows=3, seed=0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    out = []
+    for w in range(windows):
+        counts = rng.zipf(1.6, n_keys).clip(max=400)
+        out.append(pd.DataFrame({
+            "window_start": T0 + pd.Timedelta(minutes=w),
+            "key": [f"key-{i}" for i in range(n_keys)],
+            "count": counts.astype(np.int64),
+            "cost": counts * 1.5,
+            "state_bytes": rng.integers(10, 5000, n_keys),
+            "instance": 0,  # extra column, ignored
+        }))
+    return pd.concat(out, ignore_index=True)
+
+
+@pytest.fixture()
+def inputs(tmp_path):
+    h = tmp_path / "hist.parquet"
+    histogram_frame().to_parquet(h)
+    a = tmp_path / "assign.csv"
+    pd.DataFrame({"key": ["key-0", "key-1", "extra-key"], "instance": [1, 2, 3]}).to_csv(a, index=False)
+    return h, a
+
+
+def run(args, capsys):
+    code = cli.main(["plan", *map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_happy_path(inputs, tmp_path, capsys):
+    h, a = inputs
+    out = tmp_path / "out"
+    code, stdout, err = run(["--histograms", h, "--instances", 4, "--assignment", a,
+                             "--windows", 2, "--method", "mixed", "--out", out], capsys)
+    assert code == 0, err
+    assert "plan mixed" in stdout
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["method"] == "mixed" and isinstance(doc["feasible"], bool)
+    assert isinstance(doc["notes"], list) and doc["notes"]
+    for name in METRICS:
+        assert isinstance(doc["metrics"][name], (int, float)), name
+        assert not isinstance(doc["metrics"][name], bool)
+    assert doc["metrics"]["feasible"] == doc["feasible"]
+    assert doc["parameters"]["theta"] == 0.08 and doc["parameters"]["windows"] == 2
+    assert doc["input"]["windows_used"] == 2 and doc["input"]["keys"] == 61
+
+    table = pq.read_table(out / "assignment.parquet")
+    assert table.schema.field("key").type == "string"
+    assert str(table.schema.field("instance").type) in ("int32", "int64")
+    assert str(table.schema.field("moved").type) == "bool"
+    frame = table.to_pandas()
+    assert sorted(frame["key"]) == sorted([f"key-{i}" for i in range(60)] + ["extra-key"])
+    assert frame["key"].is_unique
+    assert frame["instance"].between(0, 3).all()
+    assert doc["assignment_file"]["rows"] == len(frame)
+    # keys that did not move sit where the input said: the file, else the default placement
+    listed = {"key-0": 1, "key-1": 2, "extra-key": 3}
+    dflt = dict(zip(frame["key"], default_instances(frame["key"].to_numpy(dtype=object), 4)))
+    current = np.array([listed.get(k, dflt[k]) for k in frame["key"]])
+    assert np.array_equal(frame["moved"].to_numpy(), frame["instance"].to_numpy() != current)
+    assert int(frame["moved"].sum()) == doc["metrics"]["moved_keys"]
+    assert int((frame["instance"].to_numpy() != np.array([dflt[k] for k in frame["key"]])).sum()) \
+        == doc["metrics"]["table_size"]
+    assert not list(tmp_path.glob(".out.tmp-*"))  # no staging left behind
+
+
+def test_default_method_is_auto_and_plans_are_deterministic(inputs, tmp_path, capsys):
+    h, _ = inputs
+    results = []
+    for name in ("o1", "o2"):
+        code, _, err = run(["--histograms", h, "--instances", 3, "--out", tmp_path / name,
+                            "--time-limit", 2], capsys)
+        assert code == 0, err
+        results.append(pq.read_table(tmp_path / name / "assignment.parquet").to_pandas())
+        doc = json.loads((tmp_path / name / "plan.json").read_text())
+        assert doc["method"] == "auto"
+    pd.testing.assert_frame_equal(results[0], results[1])
+    # without an assignment file every key starts on its default placement
+    frame = results[0]
+    dflt = default_instances(frame["key"].to_numpy(dtype=object), 3)
+    assert np.array_equal(frame["moved"].to_numpy(), frame["instance"].to_numpy() != dflt)
+
+
+def test_migration_budget_fraction_and_bytes(inputs, tmp_path, capsys):
+    h, _ = inputs
+    for budget, name in ((0.25, "frac"), (5000, "bytes")):
+        code, _, err = run(["--histograms", h, "--instances", 4, "--method", "greedy",
+                            "--migration-budget", budget, "--out", tmp_path / name], capsys)
+        assert code == 0, err
+        doc = json.loads((tmp_path / name / "plan.json").read_text())
+        total = doc["input"]["total_state_bytes"]
+        expected = 0.25 * total if budget <= 1 else 5000.0
+        assert doc["parameters"]["migration_budget_bytes"] == pytest.approx(expected)
+        assert doc["metrics"]["migration_bytes"] <= expected + 1e-6
+
+
+def test_existing_out_dir_is_replaced_atomically(inputs, tmp_path, capsys):
+    h, _ = inputs
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, err = run(["--histograms", h, "--instances", 2, "--method", "hash", "--out", out],
+                       capsys)
+    assert code == 0, err
+    code, _, err = run(["--histograms", h, "--instances", 5, "--method", "lpt", "--out", out],
+                       capsys)
+    assert code == 0, err
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["parameters"]["instances"] == 5 and doc["method"] == "lpt"
+    assert (out / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == ["assignment.parquet", "keep.txt", "plan.json"]
+
+
+def _bad_cases(tmp_path: Path, h: Path):
+    def parquet(name, frame):
+        p = tmp_path / name
+        frame.to_parquet(p)
+        return p
+
+    def csv(name, frame):
+        p = tmp_path / name
+        frame.to_csv(p, index=False)
+        return p
+
+    good = histogram_frame(n_keys=10, windows=1)
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"PAR1 this is not parquet")
+    return {
+        "missing column": (["--histograms", parquet("nocount.parquet", good.drop(columns="count"))],
+                           "'count'"),
+        "missing columns": (["--histograms", parquet("nokey.parquet",
+                                                     good.drop(columns=["key", "window_start"]))],
+                            "'window_start', 'key'"),
+        "negative load": (["--histograms", parquet("neg.parquet", good.assign(cost=-1.0))],
+                          "'cost' must be finite and >= 0"),
+        "NaN load": (["--histograms", parquet("nan.parquet", good.assign(cost=np.nan))],
+                     "'cost' must be finite"),
+        "negative state": (["--histograms", parquet("negs.parquet", good.assign(state_bytes=-3))],
+                           "'state_bytes' must be finite"),
+        "empty input": (["--histograms", parquet("empty.parquet", good.iloc[0:0])], "empty"),
+        "path not found": (["--histograms", tmp_path / "nope.parquet"], "not found"),
+        "unreadable format": (["--histograms", junk], "cannot read histograms"),
+        "instance out of range": (["--assignment", csv("oor.csv", pd.DataFrame(
+            {"key": ["key-1"], "instance": [7]}))], r"outside the integers \[0, 4\)"),
+        "duplicate keys": (["--assignment", csv("dup.csv", pd.DataFrame(
+            {"key": ["key-1", "key-1"], "instance": [0, 1]}))], "more than once"),
+        "assignment missing column": (["--assignment", csv("acol.csv", pd.DataFrame(
+            {"key": ["key-1"]}))], "'instance'"),
+        "assignment not found": (["--assignment", tmp_path / "none.csv"], "not found"),
+        "theta zero": (["--theta", 0], "--theta must be"),
+        "theta negative": (["--theta", -0.1], "--theta must be"),
+        "no instances": (["--instances", 0], "--instances must be >= 1"),
+        "no windows": (["--windows", 0], "--windows must be >= 1"),
+        "unknown method": (["--method", "magic"], "unknown --method 'magic'"),
+        "negative budget": (["--migration-budget", -1], "--migration-budget"),
+        "negative table": (["--max-table", -1], "--max-table"),
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "missing column", "missing columns", "negative load", "NaN load", "negative state",
+    "empty input", "path not found", "unreadable format", "instance out of range",
+    "duplicate keys", "assignment missing column", "assignment not found", "theta zero",
+    "theta negative", "no instances", "no windows", "unknown method", "negative budget",
+    "negative table"])
+def test_bad_input_exits_2_with_one_message_and_writes_nothing(case, inputs, tmp_path, capsys):
+    h, _ = inputs
+    extra, match = _bad_cases(tmp_path, h)[case]
+    base = {"--histograms": h, "--instances": 4, "--method": "mixed"}
+    flags = dict(base)
+    for i in range(0, len(extra), 2):
+        flags[extra[i]] = extra[i + 1]
+    args = [x for kv in flags.items() for x in kv]
+    # a fresh DIR is never created
+    fresh = tmp_path / "fresh" / "out"
+    code, stdout, err = run([*args, "--out", fresh], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("rebalance plan: error: ")
+    import re
+
+    assert re.search(match, lines[0]), lines[0]
+    assert not fresh.exists() and not fresh.parent.exists()
+    # an existing DIR keeps its earlier plan, byte for byte
+    old = tmp_path / "old"
+    assert run(["--histograms", h, "--instances", 4, "--method", "hash", "--out", old],
+               capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    code, _, _ = run([*args, "--out", old], capsys)
+    assert code == 2
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+
+
+def test_out_is_a_file(inputs, tmp_path, capsys):
+    h, _ = inputs
+    f = tmp_path / "file"
+    f.write_text("x")
+    code, _, err = run(["--histograms", h, "--instances", 2, "--out", f], capsys)
+    assert code == 2 and "not a directory" in err and f.read_text() == "x"
+
+
+def test_console_script_runs(inputs, tmp_path):
+    h, _ = inputs
+    exe = Path(sys.executable).with_name("rebalance")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "rebalance.cli"]
+    ok = subprocess.run([*cmd, "plan", "--histograms", str(h), "--instances", "3",
+                         "--method", "mixed", "--out", str(tmp_path / "o")],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run([*cmd, "plan", "--histograms", str(h), "--instances", "3",
+                          "--theta", "0", "--out", str(tmp_path / "o2")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "--theta" in bad.stderr
+    assert not (tmp_path / "o2").exists()
