@@ -8,7 +8,7 @@ new assignment with the chosen planner, checks it with Great Expectations, publi
 it as a new assignment version, optionally waits for a person's approval, makes it
 live, and verifies the prediction on the next window(s).
 
-`windows -> detect -> plan -> validate -> publish -> (approve) -> apply -> verify`
+`windows -> detect -> plan -> validate -> publish -> (approve) -> apply -> (await_restart) -> verify`
 
 * A skipped task says why in its log (too few windows or events, balanced, not worth it).
 * A plan failing validation is stored as **rejected** and the run fails; nothing is applied.
@@ -97,6 +97,13 @@ def rebalance():
         state must move), under the apply lease; never for backfill or what-if plans."""
         return pipeline.apply(published)
 
+    @task.sensor(poke_interval=5, timeout=dt.timedelta(hours=2), mode="reschedule")
+    def await_restart(applied: dict) -> PokeReturnValue:
+        """apply_mode restart: wait for the streaming job to stop, migrate the moved keys'
+        state and acknowledge the new version; on failure or timeout restore the previous
+        version and fail. Passes through at once for a live switch."""
+        return PokeReturnValue(**pipeline.await_restart(applied))
+
     @task.sensor(poke_interval=10, timeout=dt.timedelta(hours=2), mode="poke")
     def verify(applied: dict) -> PokeReturnValue:
         """Wait for the next window(s) under the new assignment and record the realised
@@ -107,7 +114,7 @@ def rebalance():
     approval_gate(published) >> [approve, no_approval_needed]
     applied = apply(published)
     [approve, no_approval_needed] >> applied
-    verify(applied)
+    verify(await_restart(applied))
 
 
 rebalance()

@@ -169,6 +169,12 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
         "title": "Verification tolerance",
         "description": "Realised imbalance may exceed the predicted one by this much.",
     },
+    "restart_timeout_minutes": {
+        "default": 15, "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
+        "title": "Restart timeout (minutes)",
+        "description": "apply_mode restart: roll back to the previous assignment version when "
+                       "the job has not acknowledged the restart in time.",
+    },
     "verify_timeout_minutes": {
         "default": 30, "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
         "title": "Verification timeout (minutes)",
@@ -218,10 +224,12 @@ class RunParams:
     verify_windows: int = 1
     verify_tolerance: float = 0.15
     verify_timeout_minutes: float = 30.0
+    restart_timeout_minutes: float = 15.0
 
     def __post_init__(self) -> None:
         # Canonical types, so equal params always hash to the same plan id (30 == 30.0).
-        for name in ("theta", "migration_budget", "verify_tolerance", "verify_timeout_minutes"):
+        for name in ("theta", "migration_budget", "verify_tolerance", "verify_timeout_minutes",
+                     "restart_timeout_minutes"):
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 object.__setattr__(self, name, float(value))
@@ -249,10 +257,6 @@ class RunParams:
             problems.append(f"apply_mode {self.apply_mode!r} is not one of {', '.join(APPLY_MODES)}")
         if not (isinstance(self.theta, (int, float)) and 0 < self.theta <= 2):
             problems.append(f"theta must be in (0, 2], got {self.theta!r}")
-        if self.apply_mode == "restart":
-            problems.append("apply_mode 'restart' (controlled restart with state migration) is "
-                            "not supported by the streaming job yet; use auto/broadcast (live "
-                            "switch) or dry-run")
         if self.min_windows > self.lookback_windows:
             problems.append(f"min_windows ({self.min_windows}) exceeds lookback_windows "
                             f"({self.lookback_windows}): no run could ever plan")
@@ -670,11 +674,23 @@ def resolve_mode(apply_mode: str) -> str:
 
     The job re-reads the assignments table every micro-batch, so a new version is a
     live switch; a moved key restarts its sliding-window state on its new instance (the
-    plan's migration metric counts that state). A controlled restart with state
-    migration needs support in the streaming job that does not exist yet, so
-    ``restart`` is refused by :meth:`RunParams.check` before any work.
+    plan's migration metric counts that state). ``restart`` asks a restartable job
+    (:class:`rebalance.streaming.restart.RestartableJob`, which pins its assignment
+    version) to stop, migrate the state of the moved keys and restart with the new
+    version; :func:`await_restart` waits for its acknowledgement.
     """
     return "broadcast" if apply_mode == "auto" else apply_mode
+
+
+class RestartFailed(AirflowFailException):
+    """The controlled restart failed or timed out; the previous assignment was restored."""
+
+
+def job_name() -> str:
+    """Name of the restartable streaming job the DAG controls (``REBALANCE_JOB_NAME``)."""
+    import os
+
+    return os.environ.get("REBALANCE_JOB_NAME", "keyed")
 
 
 def apply(published: Mapping[str, Any]) -> dict[str, Any]:
@@ -716,6 +732,13 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
                     spark, routing, int(record.inputs["n_instances"]),
                     metadata={"action": "apply", **record.commit_values(), "apply_mode": mode})
                 applied_at = utcnow()
+            if mode == "restart":
+                from .streaming.restart import request_restart
+
+                # Idempotent: the request id is the plan id (one Delta transaction).
+                request_restart(spark, version, int(record.inputs["n_instances"]),
+                                job=job_name(), request_id=plan_id,
+                                previous_version=record.base_assignment_version)
             record = store.transition(
                 plan_id, PlanStatus.APPLIED, action="apply", apply_mode=mode,
                 assignment_version=version,
@@ -734,6 +757,74 @@ def published_version(spark, plan_id: str) -> tuple[int | None, dt.datetime | No
         if commit.metadata.get("plan_id") == plan_id:
             return int(commit.version), as_utc(commit.timestamp)
     return None, None
+
+
+# -------------------------------------------------------------- await restart
+def await_restart(applied: Mapping[str, Any]) -> dict[str, Any]:
+    """Wait for the streaming job to acknowledge a controlled restart (``apply_mode`` restart).
+
+    Returns ``{"is_done": True}`` at once for a live switch, and when the job recorded
+    ``acknowledged`` for the plan's restart request (table ``restarts``); ``is_done``
+    False while it is under way (the DAG's sensor pokes again). When the job recorded
+    that the restart failed and was rolled back, or after ``restart_timeout_minutes``
+    (the request is then cancelled, unless the new generation already started), the
+    previous assignment version is restored as a new version (action ``rollback``),
+    the plan is stored as diverged with the reason, and :class:`RestartFailed` fails
+    the task.
+    """
+    from .streaming.restart import RestartControl
+
+    _, p = _unpack(applied)
+    plan_id = applied["plan"]["plan_id"]
+    if applied["plan"].get("apply_mode") != "restart":
+        return {"is_done": True, "xcom_value": applied}
+    spark = spark_session()
+    store = PlanStore(spark)
+    record = store.require(plan_id)
+    if record.status == PlanStatus.DIVERGED.value:
+        raise RestartFailed(f"plan {plan_id}: " + "; ".join(record.reasons))
+    control = RestartControl(spark, job_name())
+    status = control.status(plan_id)
+    if status["ok"]:
+        log.info("restart %s acknowledged: assignment version %d live, pause %s s", plan_id,
+                 record.assignment_version, status.get("pause_seconds"))
+        return {"is_done": True, "xcom_value": applied}
+    waited = utcnow() - (record.applied_at or utcnow())
+    if not status["done"] and waited > dt.timedelta(minutes=p.restart_timeout_minutes):
+        control.record(plan_id, "cancelled", reason=f"no acknowledgement after {waited}")
+        status = control.status(plan_id)
+        if not status["cancelled"]:
+            log.info("restart %s timed out but its new generation started: waiting", plan_id)
+            return {"is_done": False, "xcom_value": None}
+        status = {**status, "error": status.get("error") or f"timed out after {waited}"}
+    elif not status["done"]:
+        log.info("waiting for the job to restart with assignment version %d (%s)",
+                 record.assignment_version, status["state"])
+        return {"is_done": False, "xcom_value": None}
+    restored = roll_back_assignment(spark, record)
+    reason = (f"controlled restart failed ({status.get('error') or status['state']}); "
+              f"assignment version {record.base_assignment_version} restored as version "
+              f"{restored}")
+    store.transition(plan_id, PlanStatus.DIVERGED, action="restart-rollback",
+                     reasons=[*record.reasons, reason],
+                     verification={**record.verification, "restart": status["state"],
+                                   "rollback_version": restored})
+    raise RestartFailed(f"plan {plan_id}: {reason}")
+
+
+def roll_back_assignment(spark, record: PlanRecord) -> int:
+    """Publish the plan's base assignment again as the newest version (once per plan)."""
+    from .spark import tables
+
+    for commit in tables.assignment_history(spark):
+        if commit.metadata.get("rollback_of") == record.plan_id:
+            return int(commit.version)
+    base = tables.read_assignment(spark, version=record.base_assignment_version or 0)
+    return tables.publish_assignment(
+        spark, base.routing, int(record.inputs["n_instances"]),
+        metadata={"action": "rollback", "rollback_of": record.plan_id,
+                  "restores_version": base.version, "dag_id": record.dag_id,
+                  "run_id": record.run_id})
 
 
 # --------------------------------------------------------------------- verify

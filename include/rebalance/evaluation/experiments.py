@@ -71,7 +71,7 @@ SEED003_SWEEPS = {
     "f": [0.25, 0.5, 1.0, 1.5, 2.0],
     "A_max": [0, 100, 300, 1000, 3000],
 }
-SEED003_PLANNERS = "hash,mintable,minmig,mixed,greedy"
+SEED003_PLANNERS = "hash,mintable,minmig,mixed,greedy,auto"
 
 
 def _seed003_point(sweep: str, values: dict[str, Any], specs, intervals: int, seed: int,
@@ -88,7 +88,7 @@ def _seed003_point(sweep: str, values: dict[str, Any], specs, intervals: int, se
 
 def seed003_sweeps(settings: Settings, sweeps: dict[str, list] | None = None,
                    defaults: dict[str, Any] | None = None) -> list[Point]:
-    intervals = settings.intervals or 6
+    intervals = settings.intervals or 11
     specs = _specs(SEED003_PLANNERS, settings)
     base = dict(SEED003_DEFAULTS, **(defaults or {}))
     points = []
@@ -133,21 +133,21 @@ SEED001_PLANNERS = "hash,elb,clb@24,lpt"
 
 
 def seed001_elb_clb(settings: Settings, instances: Sequence[int] = (5, 10, 15),
-                    n_substreams: int = 100) -> list[Point]:
+                    thetas: Sequence[float] = (0.1, 0.2), n_substreams: int = 100) -> list[Point]:
     intervals = settings.intervals or 121
     specs = _specs(SEED001_PLANNERS, settings)
-    theta = settings.theta or 0.1
     points = []
-    for dist in ("gaussian", "zipf"):
-        for n in instances:
-            params = PlanParams(theta=theta, time_limit=settings.time_limit or 2.0,
-                                seed=settings.seed)
-            points.append(Point(
-                labels=dict(sweep="distribution", distribution=dist, N=n, p=n_substreams,
-                            theta=theta),
-                make_trace=(lambda dist=dist, n=n: substream_trace(
-                    dist, n_substreams, n, intervals=intervals, seed=settings.seed)),
-                planners=specs, params=params, intervals=intervals))
+    for theta in ([settings.theta] if settings.theta else thetas):
+        for dist in ("gaussian", "zipf"):
+            for n in instances:
+                params = PlanParams(theta=theta, time_limit=settings.time_limit or 2.0,
+                                    seed=settings.seed)
+                points.append(Point(
+                    labels=dict(sweep="distribution", distribution=dist, N=n, p=n_substreams,
+                                theta=theta),
+                    make_trace=(lambda dist=dist, n=n: substream_trace(
+                        dist, n_substreams, n, intervals=intervals, seed=settings.seed)),
+                    planners=specs, params=params, intervals=intervals))
     return points
 
 

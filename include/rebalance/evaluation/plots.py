@@ -87,33 +87,38 @@ def plot_seed001(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
     paths = []
     ns = sorted(results["N"].unique())
     n_show = n_show if n_show in ns else ns[len(ns) // 2]
+    thetas = sorted(results["theta"].unique())
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharey=True)
     for ax, dist in zip(axes, ("gaussian", "zipf")):
-        sub = results[(results["distribution"] == dist) & (results["N"] == n_show)]
+        sub = results[(results["distribution"] == dist) & (results["N"] == n_show)
+                      & (results["theta"] == thetas[0])]
         for i, (name, grp) in enumerate(sub.groupby("planner", sort=False)):
             ax.plot(grp["interval"], grp["load_var_next"], STYLES[i % len(STYLES)][1:],
                     label=name, linewidth=1)
         ax.set_yscale("log")
-        ax.set_title(f"{dist}, N={n_show}: var(L_t)/mean^2 of window t")
+        ax.set_title(f"{dist}, N={n_show}, theta={thetas[0]:g}: var(L_t)/mean^2", fontsize=9)
         ax.set_xlabel("window t")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     paths.append(_save(fig, out / f"{prefix}_variance.png"))
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    sub = summary[summary["N"] == n_show]
-    planners = list(dict.fromkeys(sub["planner"]))
+    fig, axes = plt.subplots(len(thetas), 2, figsize=(12, 3.4 * len(thetas)), squeeze=False)
     width = 0.38
-    for ax, dist in zip(axes, ("gaussian", "zipf")):
-        d = sub[sub["distribution"] == dist].set_index("planner").reindex(planners)
-        x = np.arange(len(planners))
-        ax.bar(x - width / 2, 100 * d["migration_per_rebalance"], width, label="per rebalance")
-        ax.bar(x + width / 2, 100 * d["migration_fraction"], width, label="amortised per window")
-        ax.set_xticks(x, planners)
-        ax.set_ylabel("state moved (%)")
-        ax.set_title(f"{dist}, N={n_show}")
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=7)
+    for r, theta in enumerate(thetas):
+        sub = summary[(summary["N"] == n_show) & (summary["theta"] == theta)]
+        planners = list(dict.fromkeys(sub["planner"]))
+        for ax, dist in zip(axes[r], ("gaussian", "zipf")):
+            d = sub[sub["distribution"] == dist].set_index("planner").reindex(planners)
+            x = np.arange(len(planners))
+            ax.bar(x - width / 2, 100 * d["migration_per_rebalance"], width,
+                   label="per rebalance")
+            ax.bar(x + width / 2, 100 * d["migration_fraction"], width,
+                   label="amortised per window")
+            ax.set_xticks(x, planners)
+            ax.set_ylabel("state moved (%)")
+            ax.set_title(f"{dist}, N={n_show}, theta={theta:g}", fontsize=9)
+            ax.grid(alpha=0.3, axis="y")
+    axes[0][0].legend(fontsize=7)
     paths.append(_save(fig, out / f"{prefix}_movement.png"))
     return paths
 

@@ -17,7 +17,6 @@ was not planned on).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -156,10 +155,3 @@ def replay(trace: Trace, specs: Sequence[PlannerSpec], params: PlanParams, windo
             if progress is not None:
                 progress(1)
     return rows
-
-
-def timed(fn, *args, **kwargs):
-    """(result, seconds) of ``fn(*args, **kwargs)``."""
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0

@@ -133,9 +133,17 @@ ASSIGNMENTS = Table(
     "Routing table over the default placement, one Delta version per publish (see module doc).",
     properties={"delta.enableRowTracking": "true"})
 
+RESTARTS = Table(
+    "restarts",
+    "request_id STRING, step STRING, job STRING, generation BIGINT, assignment_version BIGINT, "
+    "n_instances INT, checkpoint STRING, detail STRING, at TIMESTAMP",
+    "Controlled restarts of the keyed job (rebalance.streaming.restart): one row per step of a "
+    "request (requested, stopped, state_written, cancelled, started, acknowledged, failed, "
+    "rolled_back), each written once (Delta transaction: request id, step order); detail is JSON.")
+
 #: Every table by name.
 TABLES: dict[str, Table] = {t.name: t for t in (
-    EVENTS, QUARANTINE, RESULTS, KEY_HISTOGRAMS, INSTANCE_HISTOGRAMS, ASSIGNMENTS)}
+    EVENTS, QUARANTINE, RESULTS, KEY_HISTOGRAMS, INSTANCE_HISTOGRAMS, ASSIGNMENTS, RESTARTS)}
 
 N_INSTANCES_PROPERTY = "rebalance.n_instances"
 
@@ -302,6 +310,21 @@ def create_assignments(spark: SparkSession, n_instances: int,
             f"assignments table at {path} is for {actual} instances, not {n_instances}; "
             "changing the instance count needs a new table (and a new job checkpoint)")
     return path
+
+
+def resize_assignments(spark: SparkSession, n_instances: int,
+                       root: str | Path | None = None) -> None:
+    """Set the table-level instance count of the assignments table (scale out or in).
+
+    Only for the controlled restart (:mod:`rebalance.streaming.restart`), whose
+    generations pin their assignment version and instance count: a job that
+    routes by the latest version (live switch) refuses a table for another count.
+    """
+    validate_routing({}, n_instances)
+    if assignments_n_instances(spark, root) == n_instances:
+        return
+    spark.sql(f"ALTER TABLE delta.`{ASSIGNMENTS.path(root)}` SET TBLPROPERTIES "
+              f"('{N_INSTANCES_PROPERTY}' = '{int(n_instances)}')")
 
 
 def assignments_n_instances(spark: SparkSession, root: str | Path | None = None) -> int:

@@ -149,17 +149,32 @@ def window_start_ms(event_time: Column, window_ms: int) -> Column:
     return (ms - F.pmod(ms, F.lit(window_ms))).cast("bigint")
 
 
-def keyed_stream(spark: SparkSession, raw: DataFrame, config: JobConfig) -> DataFrame:
-    """The stateful part: valid events, routed, through the keyed operator (union output)."""
+def keyed_stream(spark: SparkSession, raw: DataFrame, config: JobConfig,
+                 assignment_version: int | None = None,
+                 initial_state: DataFrame | None = None) -> DataFrame:
+    """The stateful part: valid events, routed, through the keyed operator (union output).
+
+    By default every micro-batch routes by the latest assignment version (live
+    switch); ``assignment_version`` pins one version instead (a restart
+    generation of :mod:`rebalance.streaming.restart`). ``initial_state`` (rows of
+    :data:`~rebalance.streaming.processor.INITIAL_STATE_DDL`) seeds the operator's
+    state in the first batch of a new checkpoint.
+    """
     events = valid_events(raw).withWatermark(
         "event_time", f"{int(config.watermark_seconds * 1000)} milliseconds")
-    routed = route(events, tables.assignment_rows(spark, config.tables_root), config.n_instances)
+    routed = route(events, tables.assignment_rows(spark, config.tables_root, assignment_version),
+                   config.n_instances)
     operator_input = routed.select(
         "label", "key", "value", "cost", "event_time", "instance", "default_instance",
         "key_group", "assignment_version",
         window_start_ms(F.col("event_time"), config.window_ms).alias("window_start_ms"))
+    processor = KeyedWindowProcessor(config.processor_settings())
+    if initial_state is not None:
+        return operator_input.groupBy("label").transformWithStateInPandas(
+            processor, OUTPUT_DDL, "Append", "EventTime",
+            initialState=initial_state.groupBy("label"))
     return operator_input.groupBy("label").transformWithStateInPandas(
-        KeyedWindowProcessor(config.processor_settings()), OUTPUT_DDL, "Append", "EventTime")
+        processor, OUTPUT_DDL, "Append", "EventTime")
 
 
 def _window_start() -> Column:
@@ -191,15 +206,22 @@ class IdempotentSink:
     already committed. The query id lives in the checkpoint, so a new
     checkpoint never collides with an old one's transactions. Empty outputs
     are not written (a replay makes the same decision).
+
+    ``batch_offset`` numbers the query's batches on from an earlier query: the
+    ``batch_id`` written (column and commit metadata) is ``batch_offset + batch
+    id``, so the batches of successive restart generations keep one order. The
+    transaction stays (query id, batch id of this query).
     """
 
     spark: SparkSession
     config: JobConfig
     query_name: str
+    batch_offset: int = 0
     _query_id: str | None = field(default=None, init=False)
 
     def append(self, rows: DataFrame, table: tables.Table, batch_id: int) -> None:
-        meta = {"job": self.config.name, "query": self.query_name, "batch_id": batch_id,
+        meta = {"job": self.config.name, "query": self.query_name,
+                "batch_id": self.batch_offset + batch_id,
                 "n_instances": self.config.n_instances,
                 "window_seconds": self.config.window_seconds}
         tables.append(rows.coalesce(1), table, self.config.tables_root, metadata=meta,
@@ -221,7 +243,8 @@ class KeyedOutputWriter(IdempotentSink):
         batch.persist()
         try:
             present = {row.kind for row in batch.select("kind").distinct().collect()}
-            writes = [(batch.where(F.col("kind") == kind).select(projection(batch_id)), table)
+            global_id = self.batch_offset + batch_id
+            writes = [(batch.where(F.col("kind") == kind).select(projection(global_id)), table)
                       for kind, table, projection in OUTPUTS if kind in present]
             if writes:
                 with ThreadPoolExecutor(max_workers=len(writes)) as pool:

@@ -66,6 +66,16 @@ OUTPUT_DDL = ", ".join(f"{name} {_SPARK_TYPES[dtype]}" for name, dtype in OUTPUT
 
 RESULT, KEY_HISTOGRAM, INSTANCE_HISTOGRAM = "result", "key_histogram", "instance_histogram"
 
+#: Rows that seed the operator's state in the first batch of a new checkpoint (a restart
+#: generation, :mod:`rebalance.streaming.restart`): ``kind`` ``perkey`` (a key's
+#: ``PERKEY_VALUE_DDL`` columns) or ``perwindow`` (an open window of the label's instance,
+#: ``PERWINDOW_VALUE_DDL`` columns, with its timer).
+INITIAL_STATE_DDL = (
+    "label INT, kind STRING, key STRING, key_group INT, default_instance INT, version BIGINT, "
+    "windows ARRAY<BIGINT>, counts ARRAY<BIGINT>, sums ARRAY<DOUBLE>, costs ARRAY<DOUBLE>, "
+    "window_start_ms BIGINT, events BIGINT, load DOUBLE, task_ns BIGINT, cpu_ns BIGINT")
+PERKEY, PERWINDOW = "perkey", "perwindow"
+
 
 def state_bytes(key: str, n_windows: int) -> int:
     """Estimated bytes key ``key`` holds in state while it keeps ``n_windows`` windows."""
@@ -211,6 +221,22 @@ class KeyedWindowProcessor(StatefulProcessor):
                              time.thread_time_ns() - cpu_started)
         yield output_frame(results)
         yield from self._close_windows(instance, watermark)
+
+    def handleInitialState(self, key: Any, initialState: pd.DataFrame,
+                           timerValues: TimerValues) -> None:
+        """Seed the label's state from :data:`INITIAL_STATE_DDL` rows (first batch only)."""
+        for row in initialState.itertuples(index=False):
+            if row.kind == PERKEY:
+                self.perkey.updateValue((row.key,), (
+                    int(row.key_group), int(row.default_instance), int(row.version),
+                    [int(v) for v in row.windows], [int(v) for v in row.counts],
+                    [float(v) for v in row.sums], [float(v) for v in row.costs]))
+            elif row.kind == PERWINDOW:
+                window = int(row.window_start_ms)
+                self.perwindow.updateValue((window,), (
+                    int(row.events), float(row.load), int(row.task_ns), int(row.cpu_ns),
+                    int(row.version)))
+                self.handle.registerTimer(window + self.settings.window_ms)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:

@@ -1,0 +1,375 @@
+"""Controlled restart with state migration on real Spark + Delta + RocksDB state.
+
+One scenario runs once for the module, while a feeder thread keeps appending
+generator batches to ``events``:
+
+1. generation 0 (N = 3) runs; plan 1 moves 20 % of the keys (same N);
+2. plan 2 scales out to N = 4 and moves keys;
+3. plan 3 scales in to N = 2;
+
+   each restart "crashes" at one step (plan 1 right after the stop, plan 2 while it
+   writes the migrated state, plan 3 after the new generation started, before the
+   acknowledgement): the driver's queries are killed mid-flight and a new driver
+   recovers the restart from the ``restarts`` table;
+4. a fourth request fails while it starts and is rolled back: N = 2 stays in force;
+5. the feeder stops; the job drains and stops.
+
+Expectations are recomputed with pandas from the generator (a batch oracle).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+from dag_helpers import LIVE, dag, data  # noqa: F401 - dag, data are fixtures
+
+from rebalance.placement import default_instances
+
+pytestmark = pytest.mark.slow
+
+W_MS = 10_000
+N_WINDOWS = 2
+T0_MS = 1_704_067_200_000
+GEN = dict(n_keys=40, zipf=0.8, events_per_batch=120, batch_seconds=10.0, n_instances=3,
+           seed=11)
+
+
+@dataclass
+class Scenario:
+    expected: pd.DataFrame
+    results: pd.DataFrame
+    plans: list[dict]             # version, n, routing, moved fraction, request id
+    statuses: list[dict]
+    failed: dict
+    steps: pd.DataFrame
+    unmoved_equal: bool
+    unmoved_checked: int
+    generations: list
+
+
+class Feeder(threading.Thread):
+    """Appends one generator batch every ``period`` seconds until stopped."""
+
+    def __init__(self, spark, gen, root, first, period=1.0, limit=60):
+        super().__init__(daemon=True)
+        self.spark, self.gen, self.root = spark, gen, root
+        self.next, self.period, self.limit = first, period, limit
+        self.halt = threading.Event()
+        self.error = None
+
+    def run(self):
+        from rebalance.streaming.generator import append_batches
+
+        try:
+            while not self.halt.is_set() and self.next < self.limit:
+                append_batches(self.spark, self.gen, [self.next], self.root)
+                self.next += 1
+                self.halt.wait(self.period)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def _expected(gen, batches) -> pd.DataFrame:
+    frames = []
+    for b in batches:
+        ev = gen.batch(b).events
+        ms = (pd.to_datetime(ev["event_time"], utc=True)
+              - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1)
+        frames.append(pd.DataFrame({"key": ev["key"].to_numpy(),
+                                    "value": ev["value"].astype(float).to_numpy(),
+                                    "window": (ms - ms % W_MS - T0_MS).to_numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _instance(keys, routing, n):
+    return np.array([routing.get(k, d) for k, d in zip(keys, default_instances(list(keys), n))])
+
+
+def _plan(spark, root, keys, n, previous, fraction=0.2):
+    """Publish an assignment for ``n`` instances moving ``fraction`` of the keys off
+    their instance under ``previous`` = (routing, n); return its description."""
+    from rebalance.spark import tables
+
+    tables.resize_assignments(spark, n, root)
+    before = _instance(keys, *previous)
+    default = default_instances(list(keys), n)
+    routing = {}
+    for k, b, d in list(zip(keys, before, default))[: int(len(keys) * fraction)]:
+        routing[k] = int((b + 1) % n) if (b + 1) % n != d else int((b + 2) % n)
+    version = tables.publish_assignment(spark, routing, n, {"test": "restart"}, root)
+    moved = float(np.mean(_instance(keys, routing, n) != before))
+    return {"version": version, "n": n, "routing": routing, "moved": moved}
+
+
+def _crash_and_recover(job, step, spark, config):
+    """Execute the pending restart with a crash injected at ``step``; kill the driver's
+    queries (mid-batch if need be, as a dying process does); start a new driver, which
+    finds the unfinished restart in the ``restarts`` table and completes it."""
+    from rebalance.streaming.restart import RestartableJob, SimulatedCrash
+
+    job.faults.add(step)
+    with pytest.raises(SimulatedCrash, match=step):
+        job.poll()
+    job.hard_stop()
+    recovered = RestartableJob(spark, config)
+    recovered.start()
+    return recovered
+
+
+def _wait_commits(job, n=2, timeout=120.0):
+    """Wait until the running generation committed ``n`` more batches (events keep coming,
+    so processAllAvailable would chase the feeder)."""
+    from pathlib import Path
+
+    commits = Path(job.generation.checkpoint, "commits")
+    count = lambda: len(list(commits.glob("[0-9]*")))  # noqa: E731
+    target, deadline = count() + n, time.monotonic() + timeout
+    while count() < target:
+        assert job.query.exception() is None, job.query.exception()
+        assert time.monotonic() < deadline, f"no {n} batches in {timeout} s"
+        time.sleep(0.2)
+
+
+def _perkey(spark, checkpoint):
+    rows = (spark.read.format("statestore").option("path", checkpoint)
+            .option("stateVarName", "perkey").load()
+            .selectExpr("key.label AS label", "user_map_key.key AS key",
+                        "to_json(user_map_value) AS value").collect())
+    return {r.key: (r.label, r.value) for r in rows}
+
+
+@pytest.fixture(scope="module")
+def scenario(spark, tmp_path_factory) -> Scenario:
+    from rebalance.spark import tables
+    from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
+    from rebalance.streaming.job import JobConfig
+    from rebalance.streaming.restart import RestartableJob, request_restart
+
+    key = "spark.databricks.delta.snapshotPartitions"
+    previous_conf = spark.conf.get(key, None)
+    spark.conf.set(key, "2")
+    root = str(tmp_path_factory.mktemp("tables"))
+    config = JobConfig(n_instances=3, window_seconds=W_MS / 1000, n_windows=N_WINDOWS,
+                       watermark_seconds=5, max_files_per_trigger=2, trigger_seconds=0.5,
+                       name="rtest", tables_root=root,
+                       checkpoint_root=str(tmp_path_factory.mktemp("checkpoints")))
+    gen = EventGenerator(GeneratorConfig(**GEN))
+    keys = list(gen.keys)
+    append_batches(spark, gen, range(2), root)
+    job = RestartableJob(spark, config)
+    job.start()
+    feeder = Feeder(spark, gen, root, first=2, period=2.5, limit=80)
+    feeder.start()
+    plans, statuses, generations = [], [], [job.generation]
+    try:
+        _wait_commits(job)
+        # Plan 1: same N, 20 % of the keys move.
+        p1 = _plan(spark, root, keys, 3, ({}, 3))
+        p1["request"] = request_restart(spark, p1["version"], 3, job=config.name, root=root)
+        before = job.generation
+        job = _crash_and_recover(job, "stop", spark, config)   # crash right after the stop
+        generations.append(job.generation)
+        plans.append(p1)
+        # Unmoved keys keep their state exactly: old checkpoint vs migrated initial state.
+        old_state = _perkey(spark, before.checkpoint)
+        staged = spark.read.parquet(job.generation.state_path).where("kind = 'perkey'")
+        staged = {r.key: (r.label, r.value) for r in staged.selectExpr(
+            "label", "key", "to_json(named_struct('key_group', key_group, 'default_instance', "
+            "default_instance, 'version', version, 'windows', windows, 'counts', counts, "
+            "'sums', sums, 'costs', costs)) AS value").collect()}
+        unmoved = [k for k in old_state if k not in p1["routing"]]
+        unmoved_equal = all(old_state[k] == staged[k] for k in unmoved)
+        assert set(staged) == set(old_state)
+        _wait_commits(job)
+
+        # Plan 2: scale out to N = 4, crash while writing the migrated state.
+        p2 = _plan(spark, root, keys, 4, (p1["routing"], 3))
+        p2["request"] = request_restart(spark, p2["version"], 4, job=config.name, root=root)
+        job = _crash_and_recover(job, "state", spark, config)  # crash writing the state
+        generations.append(job.generation)
+        plans.append(p2)
+        _wait_commits(job)
+
+        # Plan 3: scale in to N = 2.
+        p3 = _plan(spark, root, keys, 2, (p2["routing"], 4))
+        p3["request"] = request_restart(spark, p3["version"], 2, job=config.name, root=root)
+        job = _crash_and_recover(job, "start", spark, config)  # crash after the new start
+        generations.append(job.generation)
+        plans.append(p3)
+        _wait_commits(job)
+
+        # A restart that fails while starting is rolled back: plan 3 stays in force.
+        p4 = _plan(spark, root, keys, 2, (p3["routing"], 2))
+        failed_id = request_restart(spark, p4["version"], 2, job=config.name, root=root)
+        job.fail.add("stop")
+        job.poll()
+        failed = job.control.status(failed_id)
+        generations.append(job.generation)
+        _wait_commits(job)
+    finally:
+        feeder.halt.set()
+        feeder.join()
+    assert feeder.error is None, feeder.error
+    job.process_all_available()
+    time.sleep(1.5)
+    job.process_all_available()
+    job.stop()
+    statuses = [job.control.status(p["request"]) for p in plans]
+    steps = tables.read(spark, tables.RESTARTS, root).toPandas()
+    results = tables.read(spark, tables.RESULTS, root).toPandas()
+    results["window"] = (results["window_start"].astype("int64") // 1000
+                         if str(results["window_start"].dtype).endswith("[us]")
+                         else results["window_start"].astype("int64") // 1_000_000) - T0_MS
+    if previous_conf is None:
+        spark.conf.unset(key)
+    else:
+        spark.conf.set(key, previous_conf)
+    return Scenario(_expected(gen, range(feeder.next)), results, plans, statuses, failed, steps,
+                    unmoved_equal, len(unmoved), generations)
+
+
+def test_three_plans_each_move_at_least_ten_percent_and_are_acknowledged(scenario):
+    assert len(scenario.plans) >= 3
+    for plan, status in zip(scenario.plans, scenario.statuses):
+        assert plan["moved"] >= 0.10, plan
+        assert status["state"] == "acknowledged", status
+        assert status["steps"] == ["requested", "stopped", "state_written", "started",
+                                   "acknowledged"], status
+    numbers = [g.number for g in scenario.generations]
+    assert numbers == [0, 1, 2, 3, 3]
+    assert [g.n_instances for g in scenario.generations] == [3, 3, 4, 2, 2]
+
+
+def test_results_equal_a_batch_recomputation(scenario):
+    res, exp = scenario.results, scenario.expected
+    assert not res.duplicated(["batch_id", "key", "window"]).any()
+    got = res.groupby(["key", "window"])["events"].sum().sort_index()
+    want = exp.groupby(["key", "window"]).size().sort_index()
+    pd.testing.assert_series_equal(got, want, check_names=False)
+    # The last row of every (key, window) holds its full running and sliding aggregates:
+    # state followed every moved key through every restart.
+    last = res.sort_values("batch_id").groupby(["key", "window"]).last()
+    sums = exp.groupby(["key", "window"]).agg(count=("value", "size"), sum=("value", "sum"))
+    assert (last["count"] == sums["count"]).all()
+    assert np.allclose(last["sum"], sums["sum"])
+    per = exp.groupby(["key", "window"]).agg(n=("value", "size"), s=("value", "sum"))
+    prev = per.rename(lambda w: w + W_MS, level="window").reindex(per.index, fill_value=0)
+    assert (last["sliding_count"] == per["n"] + prev["n"]).all()
+    assert np.allclose(last["sliding_sum"], per["s"] + prev["s"])
+
+
+def test_every_row_is_routed_by_its_generation_and_runs_in_its_partition(scenario):
+    res = scenario.results
+    assert (res["partition_id"] == res["instance"]).all()
+    assignments = {0: ({}, 3), **{p["version"]: (p["routing"], p["n"]) for p in scenario.plans}}
+    assert set(res["assignment_version"]) == set(assignments)
+    for version, (routing, n) in assignments.items():
+        rows = res[res.assignment_version == version]
+        assert (rows["instance"].to_numpy() == _instance(rows["key"], routing, n)).all()
+    # Batches keep one order across generations: every version occupies one batch range.
+    spans = res.groupby("assignment_version")["batch_id"].agg(["min", "max"]).sort_index()
+    assert (spans["min"].to_numpy()[1:] > spans["max"].to_numpy()[:-1]).all()
+
+
+def test_unmoved_keys_keep_their_state_untouched(scenario):
+    assert scenario.unmoved_checked >= 20
+    assert scenario.unmoved_equal
+
+
+def test_a_crash_at_every_step_is_recovered_and_steps_are_written_once(scenario):
+    steps = scenario.steps
+    assert not steps.duplicated(["request_id", "step"]).any()
+    for crashed in scenario.statuses:  # crashes after stop, in the state rewrite, after start
+        assert crashed["ok"] and crashed["pause_seconds"] is None  # completed by a new driver
+
+
+def test_a_failed_restart_is_rolled_back_and_the_previous_assignment_stays(scenario):
+    assert scenario.failed["steps"] == ["requested", "stopped", "failed", "rolled_back"]
+    assert "injected failure" in scenario.failed["error"]
+    assert scenario.generations[-1] == scenario.generations[-2]
+    assert scenario.results["assignment_version"].max() == scenario.plans[-1]["version"]
+
+
+# --------------------------------------------------------------------- the DAG side
+class RestartStandIn(threading.Thread):
+    """Stands in for :class:`RestartableJob` in the DAG tests: answers each restart request
+    of the ``restarts`` table with the given steps (a real job answers the same way)."""
+
+    def __init__(self, spark, steps):
+        super().__init__(daemon=True)
+        self.spark = spark.newSession()  # own SQL conf: the pipeline sets Delta txn confs
+        self.answer = steps
+        self.stopped = threading.Event()
+        self.answered, self.error = [], None
+
+    def run(self):
+        from rebalance.pipeline import job_name
+        from rebalance.streaming.restart import RestartControl
+
+        control = RestartControl(self.spark, job_name())
+        try:
+            while not self.stopped.wait(0.5):
+                pending = control.pending()
+                if pending is None:
+                    continue
+                for step in self.answer:
+                    detail = {"error": "RestartError: injected"} if step == "failed" else {}
+                    control.record(pending, step, **detail)
+                self.answered.append(pending)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        self.join(timeout=30)
+        assert self.error is None, self.error
+
+
+def test_dag_restart_mode_requests_a_restart_and_waits_for_its_acknowledgement(dag, data,
+                                                                             spark):
+    from dag_helpers import JobStandIn, run_dag, seed_interval, traffic
+
+    from rebalance.spark import tables
+    from rebalance.spark.plan_store import PlanStore
+    from rebalance.streaming.restart import RestartControl
+
+    di = seed_interval(spark, dag, LIVE, traffic(skewed=True))
+    answer = ["stopped", "state_written", "started", "acknowledged"]
+    with JobStandIn(spark, di.end, traffic(skewed=True)), RestartStandIn(spark, answer) as job:
+        dr, states = run_dag(dag, LIVE, {"method": "milp", "apply_mode": "restart"})
+    assert dr.state == "success", states
+    assert states["apply"] == states["await_restart"] == states["verify"] == "success"
+    (plan,) = PlanStore(spark).plans()
+    assert plan.status == "verified" and plan.apply_mode == "restart"
+    assert job.answered == [plan.plan_id]  # the request id is the plan id
+    status = RestartControl(spark, "keyed").status(plan.plan_id)
+    assert status["ok"] and status["steps"] == ["requested", *answer]
+    assert tables.latest_assignment_version(spark) == plan.assignment_version == 1
+
+
+def test_dag_restart_mode_rolls_back_when_the_restart_fails(dag, data, spark):
+    from dag_helpers import run_dag, seed_interval, traffic
+
+    from rebalance.spark import tables
+    from rebalance.spark.plan_store import PlanStore
+
+    seed_interval(spark, dag, LIVE, traffic(skewed=True))
+    with RestartStandIn(spark, ["failed", "rolled_back"]):
+        dr, states = run_dag(dag, LIVE, {"method": "milp", "apply_mode": "restart"})
+    assert dr.state == "failed" and states["apply"] == "success", states
+    assert states["await_restart"] == "failed" and states["verify"] == "upstream_failed"
+    (plan,) = PlanStore(spark).plans()
+    assert plan.status == "diverged" and "restart failed" in plan.reasons[-1]
+    history = tables.assignment_history(spark)
+    assert [c.metadata["action"] for c in history] == ["rollback", "apply"]
+    assert history[0].metadata["rollback_of"] == plan.plan_id
+    assert tables.read_assignment(spark).routing == tables.read_assignment(spark, 0).routing

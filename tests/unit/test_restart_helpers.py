@@ -1,0 +1,100 @@
+"""Pure helpers of the controlled restart (no JVM): state re-keying, source start, checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rebalance.placement import default_instances
+from rebalance.streaming import restart
+from rebalance.streaming.processor import INITIAL_STATE_DDL, PERKEY, PERWINDOW
+from rebalance.streaming.routing import instance_labels
+
+COLUMNS = [c.split()[0] for c in INITIAL_STATE_DDL.split(", ")]
+
+
+def _state(keys, n, windows=(0, 10_000)):
+    labels = instance_labels(n)
+    rows = []
+    for i, key in enumerate(keys):
+        d = int(default_instances([key], n)[0])
+        rows.append({"label": labels[d], "kind": PERKEY, "key": key, "key_group": i,
+                     "default_instance": d, "version": 0, "windows": list(windows),
+                     "counts": [i + 1, 1], "sums": [float(i), 1.0], "costs": [1.0, 2.0]})
+    for instance in range(n):
+        rows.append({"label": labels[instance], "kind": PERWINDOW, "window_start_ms": windows[-1],
+                     "events": 0, "load": 0.0, "task_ns": 100 * (instance + 1),
+                     "cpu_ns": 10, "version": 0})
+    return pd.DataFrame(rows).reindex(columns=COLUMNS)
+
+
+def test_moved_keys_change_label_and_unmoved_keys_are_copied_unchanged():
+    keys = [f"k{i}" for i in range(20)]
+    state = _state(keys, 3)
+    routing = {"k1": (int(default_instances(["k1"], 3)[0]) + 1) % 3}
+    out = restart.migrate_state(state, 3, 3, routing, version=7)
+    before = state[state.kind == PERKEY].set_index("key")
+    after = out[out.kind == PERKEY].set_index("key")
+    assert set(after.index) == set(keys)
+    assert after.loc["k1", "label"] == instance_labels(3)[routing["k1"]]
+    for key in keys[2:]:
+        for column in ("label", "key_group", "default_instance", "version", "windows",
+                       "counts", "sums", "costs"):
+            assert after.loc[key, column] == before.loc[key, column], (key, column)
+
+
+def test_open_windows_get_the_totals_of_the_keys_each_instance_now_holds():
+    keys = [f"k{i}" for i in range(30)]
+    state = _state(keys, 2)
+    out = restart.migrate_state(state, 2, 4, {}, version=3)
+    perkey = out[out.kind == PERKEY]
+    labels4 = instance_labels(4)
+    assert (perkey["default_instance"].to_numpy() == default_instances(keys, 4)).all()
+    assert (perkey["label"].to_numpy()
+            == np.array(labels4)[default_instances(keys, 4)]).all()
+    windows = out[out.kind == PERWINDOW]
+    assert set(windows["window_start_ms"]) == {10_000}        # only the open window
+    assert windows["events"].sum() == len(keys)                 # one event per key in it
+    assert windows["load"].sum() == pytest.approx(2.0 * len(keys))
+    assert (windows["version"] == 3).all()
+
+
+def test_a_key_held_by_two_labels_is_merged():
+    state = _state(["a"], 2)
+    twin = state[state.kind == PERKEY].copy()
+    twin["label"] = [instance_labels(2)[1 - int(twin["default_instance"].iloc[0])]]
+    twin["windows"], twin["counts"] = [[10_000]], [[5]]
+    twin["sums"], twin["costs"] = [[5.0]], [[5.0]]
+    out = restart.migrate_state(pd.concat([state, twin], ignore_index=True), 2, 2, {}, 1)
+    (row,) = out[out.kind == PERKEY].itertuples()
+    assert list(row.windows) == [0, 10_000] and list(row.counts) == [1, 6]
+
+
+def test_source_starts_after_the_last_processed_file(monkeypatch):
+    files = {4: ["a", "b", "c"], 5: ["d"]}
+    monkeypatch.setattr(restart, "version_files", lambda spark, path, v: files[v])
+    offset = {"reservoirVersion": 5, "index": -1, "isStartingVersion": False}
+    assert restart.source_after(None, "t", offset) == {
+        "starting_version": 4, "exclude_files": ["a", "b", "c"]}
+    offset = {"reservoirVersion": 4, "index": 1, "isStartingVersion": False}
+    assert restart.source_after(None, "t", offset) == {
+        "starting_version": 4, "exclude_files": ["a", "b"]}
+    with pytest.raises(restart.RestartError, match="initial snapshot"):
+        restart.source_after(None, "t", {**offset, "isStartingVersion": True})
+
+
+def test_checkpoint_position_reads_the_last_committed_batch(tmp_path):
+    for folder in ("offsets", "commits"):
+        (tmp_path / folder).mkdir()
+    offset = {"reservoirVersion": 9, "index": 0, "isStartingVersion": False}
+    for b in range(3):
+        (tmp_path / "offsets" / str(b)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n'
+                                                   f'{json.dumps(offset)}\n')
+    for b in range(2):
+        (tmp_path / "commits" / str(b)).write_text('v1\n{"nextBatchWatermarkMs":1234}\n')
+    pos = restart.checkpoint_position(str(tmp_path))
+    assert (pos.last_batch, pos.offset, pos.next_watermark_ms, pos.uncommitted) == (
+        1, offset, 1234, True)
