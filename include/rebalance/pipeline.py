@@ -406,13 +406,17 @@ def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dic
 def load_problem(spark, inputs: Mapping[str, Any]) -> tuple[Problem, dict[str, int]]:
     """The planning problem of the pinned inputs, and the base routing table.
 
-    Load of a key = events per window (mean over the windows, absent = 0), state =
-    the state bytes it held at the close of its latest window (the job's state is the
-    sliding window of its last w windows: seed 003's S(k, w)), current instance = the
-    base assignment version, default instance = the job's default placement.
+    The histogram rows of the pinned windows (one Delta version of ``key_histograms``)
+    go through the same aggregation as ``rebalance plan``
+    (:func:`rebalance.histograms.build_problem`): load of a key = its cost per window
+    (mean over the windows, absent = 0), state = the state bytes it held at the close
+    of its latest window (the job's state is the sliding window of its last w windows:
+    seed 003's S(k, w)), current instance = the base assignment version's routing table
+    over the default placement. Keys of the routing table without events are planned too.
     """
     from pyspark.sql import functions as F
 
+    from .histograms import build_problem
     from .spark import tables
 
     windows = list(inputs["windows"])
@@ -420,34 +424,14 @@ def load_problem(spark, inputs: Mapping[str, Any]) -> tuple[Problem, dict[str, i
     df = (tables.read(spark, tables.KEY_HISTOGRAMS, version=int(inputs["key_histograms_version"]))
           .where(F.col("window_start").isin([as_utc(w) for w in windows]))
           .groupBy("window_start", "key")
-          .agg(F.sum("count").alias("count"), F.max("state_bytes").alias("state_bytes"),
-               F.max("default_instance").alias("default_instance"),
-               F.max("key_group").alias("key_group")))
+          .agg(F.sum("count").alias("count"), F.sum("cost").alias("cost"),
+               F.max("state_bytes").alias("state_bytes")))
     pdf = df.toPandas()
     if pdf.empty:
         raise PlanningError(f"no histogram rows in windows {windows}")
-    pdf["window_start"] = pd.to_datetime(pdf["window_start"], utc=True)
-    series = (pdf.pivot_table(index="window_start", columns="key", values="count",
-                              aggfunc="sum", fill_value=0).sort_index())
-    keys = series.columns.to_numpy(dtype=object)
-    # The job reports the state bytes a key holds at each window close: what moves is
-    # what it holds in the latest window it appears in.
-    latest = pdf.sort_values("window_start").groupby("key").last()
-    per_key = latest.loc[:, ["state_bytes", "default_instance", "key_group"]].reindex(keys)
     table = tables.read_assignment(spark, version=int(inputs["base_assignment_version"])).routing
-    default = per_key["default_instance"].to_numpy(dtype=np.int64)
-    current = np.array([table.get(k, d) for k, d in zip(keys, default)], dtype=np.int64)
-    load_series = series.to_numpy(dtype=np.float64)
-    problem = Problem(
-        keys=keys,
-        load=load_series.sum(axis=0) / len(windows),
-        state=per_key["state_bytes"].to_numpy(dtype=np.float64),
-        current=current,
-        default=default,
-        n_instances=n,
-        load_series=load_series,
-        key_group=per_key["key_group"].to_numpy(dtype=np.int64),
-    )
+    routing = pd.DataFrame({"key": list(table), "instance": list(table.values())})
+    problem, _ = build_problem(pdf, n, routing, windows=len(windows))
     return problem, table
 
 
@@ -900,7 +884,7 @@ def realised_imbalance(spark, version: int, n_instances: int,
     if len(windows) < n_windows:
         return None, [w.isoformat() for w in windows]
     loads = (df.where(F.col("window_start").isin(windows))
-             .groupBy("instance").agg(F.sum("count").alias("load")).collect())
+             .groupBy("instance").agg(F.sum("cost").alias("load")).collect())
     vector = np.zeros(max(n_instances, 1 + max((int(r.instance) for r in loads), default=0)))
     for r in loads:
         vector[int(r.instance)] += float(r.load)

@@ -76,6 +76,14 @@ def _check(method: str, problem: Problem, params: PlanParams) -> None:
     lb_own = migration_lower_bound(problem, max(recomputed.max_load_after,
                                                 problem.max_load(params.theta)))
     assert lb_own <= recomputed.migration_bytes * (1 + 1e-9) + 1e-9
+    # ... and so does the A_max-aware bound, for the plan's own load and table size
+    if params.max_table is not None:
+        lb_table = migration_lower_bound(
+            problem, max(recomputed.max_load_after, problem.max_load(params.theta)),
+            max(params.max_table, recomputed.table_size))
+        assert lb_table <= recomputed.migration_bytes * (1 + 1e-9) + 1e-9
+    if plan.feasible and plan.solver_bound is not None:
+        assert plan.solver_bound <= recomputed.migration_bytes * (1 + 1e-9) + 1e-9
     if method not in SLOW:
         again = get_planner(method).plan(problem, params)
         assert np.array_equal(again.assignment, a)

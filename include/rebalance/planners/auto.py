@@ -4,7 +4,7 @@ Why (measured by ``include/benchmarks/plan_benchmark.py``, see ``docs/planning.m
 Mixed is fast at any size and keeps the routing table within A_max, but on seed 003's
 workload it moves about twice the state of the migration lower bound; the MILP of seed
 002 (warm-started) lands within a few percent of that bound on 10^4 keys in well under
-a second, yet it ignores A_max and gets slow on millions of keys. So:
+a second, with A_max in the model, but it gets slow on millions of keys. So:
 
 1. Run Mixed (:class:`~rebalance.planners.llfd.MixedPlanner`).
 2. Stop there when polishing cannot pay off: Mixed is feasible and already within
@@ -12,11 +12,12 @@ a second, yet it ignores A_max and gets slow on millions of keys. So:
    :data:`MILP_MAX_KEYS` keys, or less than :data:`MIN_MILP_SECONDS` of
    ``params.time_limit`` is left.
 3. Otherwise run the MILP (:class:`~rebalance.planners.milp.MilpPlanner`) warm-started
-   from Mixed's assignment with MILP_SHARE of the time left. Fit its routing table
-   (:func:`fit_table`; the MILP does not model A_max): keys it moves anyway go to their
-   default instance where that stays within L_max (free: the table shrinks, migration
-   does not grow, so later intervals have room); then, while the table exceeds A_max,
-   keys it moved off their default go back, then current table keys by increasing state.
+   from Mixed's assignment with MILP_SHARE of the time left. The MILP models A_max
+   (table size = keys off their default instance) and itself applies :func:`fit_table`
+   to its result: keys it moves anyway go to their default instance where that stays
+   within L_max (free), and only if the rounding of its light keys left the table above
+   A_max, keys go back home, cheapest first. Auto applies :func:`fit_table` again only as
+   a fallback, if the MILP's plan still exceeds A_max (e.g. it returned its start).
 4. Keep the better plan: feasible beats infeasible; among feasible plans the one that
    migrates fewer bytes (ties: smaller table, then Mixed); among infeasible ones the
    lower imbalance, then less migration.
@@ -73,7 +74,7 @@ class AutoPlanner(Planner):
         if skip:
             notes.append(f"kept Mixed's plan: {skip}")
             return Proposal(mixed.assignment, notes + _prefixed("mixed", mixed.notes))
-        from .milp import MilpPlanner, _max_explicit_keys
+        from .milp import MilpPlanner, _max_explicit_keys, _max_returns
 
         # The MILP overruns its limit a little (model hand-over, disaggregation) and the
         # table fit and evaluation follow: it gets MILP_SHARE of the time left.
@@ -85,6 +86,8 @@ class AutoPlanner(Planner):
         extra = dict(params.extra, warm_start=mixed.assignment,
                      milp_max_keys=params.extra.get("milp_max_keys",
                                                     _max_explicit_keys(problem, sized)),
+                     milp_max_returns=params.extra.get("milp_max_returns",
+                                                       _max_returns(sized)),
                      highs_options={"mip_rel_gap": MILP_GAP,
                                     **params.extra.get("highs_options", {})})
         milp_params = PlanParams(theta=params.theta, beta=params.beta, max_table=params.max_table,
@@ -92,7 +95,9 @@ class AutoPlanner(Planner):
                                  time_limit=left, seed=params.seed, extra=extra)
         milp = MilpPlanner().plan(problem, milp_params)
         notes.append(f"milp polish ({left:.2f} s, warm start = Mixed): {_summary(milp)}")
-        fitted, moved_back = fit_table(problem, params, milp.assignment)
+        # The MILP models A_max (and fits its own rounding); this is only a fallback.
+        over = params.max_table is not None and milp.metrics.table_size > params.max_table
+        fitted, moved_back = fit_table(problem, params, milp.assignment) if over else (None, 0)
         if moved_back:
             from .base import finish_plan
 

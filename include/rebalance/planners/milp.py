@@ -90,8 +90,25 @@ start, with a note. HiGHS runs single-threaded with ``random_seed = params.seed`
 solve that ends before its time limit is deterministic, one cut by the time limit may
 differ between machines of different speed.
 
-``params.max_table`` is not modelled (seed 002 has no routing table); the plan's table
-size is checked afterwards like every other hard limit.
+Routing-table bound (A_max)
+---------------------------
+Seed 002 has no routing table; with ``params.max_table`` the model adds
+``table size <= A_max`` (:func:`_table_constraint`), table size = number of keys off
+their default instance. Explicit keys count ``1 - x[k, default(k)]`` (exact). Light
+keys now in the routing table get one binary each (up to :data:`MAX_RETURNS`,
+cheapest state first): stay, or go back to their default instance, which is what a
+full table needs to make room. Light keys that stay keep their current membership
+(exact); a light key at home that a reservoir sheds counts 1, per cost bin
+``fill * keys at home / load``; light table keys the reservoir sheds still count 1 (an
+upper bound). The constraint is elastic with a penalty above the total state, so it
+binds whenever it can be met and any warm start stays admissible. Disaggregation
+rounds the bins to whole keys, which can add a few entries per reservoir: the planner
+then applies :func:`rebalance.planners.auto.fit_table` (keys that move anyway go home
+for free; if the table still exceeds A_max, moved keys go back, then table keys go
+home by increasing state), so the plan meets A_max whenever L_max leaves room. With a
+byte or key budget that last step can break the budget; the plan then says so.
+With A_max, ``solver_bound`` is claimed only for the exact (unreduced) model, where it
+bounds every plan meeting L_max, A_max and the budgets.
 """
 
 from __future__ import annotations
@@ -113,6 +130,10 @@ DISTANCE_WEIGHT = 1e-4       # lambda: the seed-002 distance as a tie-breaker
 OVERLOAD_WEIGHT = 1e3        # soft mode: per mean load above L_max, before migration
 BINARIES_PER_SECOND = 3000   # model size the time limit affords (PuLP build + HiGHS)
 MIN_BINARIES = 2000
+#: Light routing-table keys that get a return binary at most (cheapest state first). On
+#: seed 003's workload (A_max = 3000, full table) 1000 solve to the 1 % gap in ~0.5-0.9 s
+#: with a plan as good as with all ~2800, which hit a 1.5 s limit at 3-4 % gap.
+MAX_RETURNS = 1000
 LIGHT_SHARE = 0.1            # keys lighter than this share of theta * mean may be fluid
 HARD_SHARE = 0.6             # time for the hard mode when the soft mode may follow
 MIN_SOLVE_SECONDS = 0.05
@@ -120,6 +141,7 @@ DENSE_BINS, SPARSE_BINS = 32, 8   # initial cost bins per reservoir: over [0, fo
 MAX_BINS = 512               # cost bins per reservoir at most
 BIN_GAP = 1e-4               # chord error of all cost bins together, share of total state
 TOL = 1e-9
+TABLE_WEIGHT = 10.0         # per routing-table entry above A_max (elastic; > any migration)
 
 FORCED, FLUID, PINNED = "forced", "fluid", "pinned"
 
@@ -136,6 +158,8 @@ class _Setting:
     budget_cost: float | None   # budget_bytes in cost units
     budget_keys: int | None
     active: np.ndarray          # active instance ids
+    max_table: int | None = None          # A_max (None: no table bound)
+    default: np.ndarray | None = None     # default instance of every key
 
 
 @dataclass(frozen=True)
@@ -153,16 +177,19 @@ class _Reservoir:
     bin_load: np.ndarray = field(default_factory=lambda: np.empty(0))
     bin_cost: np.ndarray = field(default_factory=lambda: np.empty(0))
     chord_gap: float = 0.0      # most the bins' chord cost exceeds F(m) at any m
+    bin_home: np.ndarray = field(default_factory=lambda: np.empty(0))  # keys at home per bin
 
 
 @dataclass(frozen=True)
 class _Units:
     explicit: np.ndarray        # keys modelled one by one
     reservoirs: tuple[_Reservoir, ...]
+    returns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # ^ light routing-table keys with one binary each: stay, or go back to their default
 
     @property
     def reduced(self) -> bool:
-        return bool(self.reservoirs)
+        return bool(self.reservoirs) or len(self.returns) > 0
 
     @property
     def light(self) -> np.ndarray:
@@ -180,6 +207,10 @@ class _Model:
     worst: pulp.LpVariable | None = None     # soft mode: largest overload
     dist: tuple[pulp.LpVariable, ...] = ()   # d, d_u, d_l
     fixed_cost: float = 0.0     # forced reservoirs: constant, not in the objective
+    y: dict[int, pulp.LpVariable] = field(default_factory=dict)   # return units, by position
+    table_terms: list = field(default_factory=list)   # table size = terms + table_const
+    table_const: float = 0.0
+    table_excess: pulp.LpVariable | None = None
 
 
 @dataclass(frozen=True)
@@ -230,7 +261,8 @@ class MilpPlanner(Planner):
         if problem.n_keys == 0 or float(problem.load.sum()) <= 0:
             return Proposal(start, [start_note, "no load to balance: kept the start assignment"])
         setting, budget_notes = _setting(problem, params)
-        units = _reduce(problem, setting, _max_explicit_keys(problem, params), params.theta)
+        units = _reduce(problem, setting, _max_explicit_keys(problem, params), params.theta,
+                        _max_returns(params), start)
         notes = [start_note, *budget_notes, _describe_units(problem, units, setting, params.theta)]
         # Time kept back for disaggregation and the caller's evaluation.
         solve_end = deadline - (0.05 + 2e-6 * problem.n_keys + 0.02 * params.time_limit)
@@ -242,6 +274,7 @@ class MilpPlanner(Planner):
         assignment, planned = _assignment(problem, units, setting, model)
         notes += _repair_overload(problem, units, setting, assignment, planned)
         notes += _trim_to_budget(problem, units, setting, assignment)
+        notes += _fit_table(problem, params, assignment)
         bound, bound_note = _solver_bound(model, outcome, setting, units, params.theta)
         notes.append(bound_note)
         notes += _binding(problem, setting, assignment)
@@ -337,7 +370,8 @@ def _setting(problem: Problem, params: PlanParams) -> tuple[_Setting, list[str]]
     return _Setting(
         load=problem.load / mean, cost=cost, mean=mean, l_max=1.0 + params.theta,
         state_scale=scale, budget_cost=budget_cost, budget_keys=budget_keys,
-        active=np.flatnonzero(problem.active),
+        active=np.flatnonzero(problem.active), max_table=params.max_table,
+        default=problem.default,
     ), notes
 
 
@@ -387,7 +421,7 @@ def _movable(units: _Units, s: _Setting) -> np.ndarray:
     movable[units.explicit] = True
     for res in units.reservoirs:
         movable[res.keys] = res.kind != PINNED
-    return movable
+    return movable  # return units (stay or go home) are not: checked apart
 
 
 def _greedy_repair(problem: Problem, s: _Setting, start: np.ndarray,
@@ -449,14 +483,44 @@ def _within_budgets(problem: Problem, s: _Setting, a: np.ndarray,
 
 # ------------------------------------------------------------------------ reduction
 
-def _reduce(problem: Problem, s: _Setting, max_keys: int, theta: float) -> _Units:
-    """Heaviest keys one by one, the rest in one reservoir per current instance."""
+def _max_returns(params: PlanParams) -> int:
+    """How many light routing-table keys get a return binary (one each, see :func:`_reduce`)."""
+    given = params.extra.get("milp_max_returns")
+    if given is not None:
+        return max(0, int(given))
+    return min(MAX_RETURNS, max(MIN_BINARIES, int(BINARIES_PER_SECOND * params.time_limit)))
+
+
+def _reduce(problem: Problem, s: _Setting, max_keys: int, theta: float,
+            max_returns: int = 0, start: np.ndarray | None = None) -> _Units:
+    """Heaviest keys one by one, the rest in one reservoir per current instance.
+
+    With a table bound, light keys now in the routing table (current instance active,
+    not draining, default instance active, off their default) get one binary each, up
+    to ``max_returns`` of them, cheapest state first: stay, or go back to their default
+    instance (which shrinks the table). Only they are taken out of the reservoirs. Keys
+    that ``start`` moves elsewhere stay fluid, so the start remains a valid MIP start.
+    """
     order = np.argsort(-problem.load, kind="stable")
     explicit, light = np.sort(order[:max_keys]), order[max_keys:]
     if len(light) == 0:
         return _Units(explicit, ())
     loads = np.bincount(problem.current, weights=s.load)
     must = problem.must_move()
+    returns = np.empty(0, np.int64)
+    if s.max_table is not None and s.budget_keys is None and max_returns > 0:
+        active = np.zeros(problem.n_instances + 1, dtype=bool)
+        active[s.active] = True
+        cand = light[(problem.current[light] != problem.default[light]) & ~must[light]
+                     & active[problem.default[light]]]
+        if start is not None:
+            cand = cand[(start[cand] == problem.current[cand])
+                        | (start[cand] == problem.default[cand])]
+        cand = cand[np.lexsort((cand, s.cost[cand]))][:max_returns]
+        returns = np.sort(cand)
+        light = np.setdiff1d(light, returns, assume_unique=True)
+        if len(light) == 0:
+            return _Units(explicit, (), returns)
     light = light[np.argsort(problem.current[light], kind="stable")]
     sources, starts = np.unique(problem.current[light], return_index=True)
     reservoirs = []
@@ -469,7 +533,7 @@ def _reduce(problem: Problem, s: _Setting, max_keys: int, theta: float) -> _Unit
         elif total > 0:
             focus = max(float(loads[j]) - s.l_max, 0.0) + theta
             reservoirs.append(_fluid(s, int(j), keys, focus, BIN_GAP / len(sources)))
-    return _Units(explicit, tuple(reservoirs))
+    return _Units(explicit, tuple(reservoirs), returns)
 
 
 def _fluid(s: _Setting, source: int, keys: np.ndarray, focus: float,
@@ -485,10 +549,12 @@ def _fluid(s: _Setting, source: int, keys: np.ndarray, focus: float,
     ends = np.searchsorted(np.cumsum(load), points * (1 - 1e-12)) + 1
     starts = np.unique(np.concatenate([[0], ends[ends < len(keys)]]))
     starts, gaps = _refine_bins(load, cost, starts, max_gap)
+    home = (s.default[keys] == source).astype(np.float64) if s.default is not None \
+        else np.zeros(len(keys))
     return _Reservoir(
         source=source, kind=FLUID, keys=keys, load=total,
         bin_load=np.add.reduceat(load, starts), bin_cost=np.add.reduceat(cost, starts),
-        chord_gap=float(gaps.max()),
+        chord_gap=float(gaps.max()), bin_home=np.add.reduceat(home, starts),
     )
 
 
@@ -565,6 +631,15 @@ def _build(problem: Problem, units: _Units, s: _Setting, theta: float, hard: boo
         m.lp += pulp.LpAffineExpression(flows + fills) == 0, f"shed_{r}"
         load_const[res.source] += res.load
         load_terms[res.source] += [(v, -1.0) for v, _ in flows]
+    for q, k in enumerate(units.returns):
+        j, h = int(problem.current[k]), int(problem.default[k])
+        v = m.y[q] = m.lp.add_variable(f"y_{q}", cat=pulp.LpBinary)
+        load_const[j] += float(s.load[k])
+        load_terms[j].append((v, -float(s.load[k])))
+        load_terms[h].append((v, float(s.load[k])))
+        moved_cost.append((v, float(s.cost[k])))
+        moved_count.append((v, 1.0))
+    table_objective = _table_constraint(m, problem, units, s)
     if s.budget_cost is not None:
         m.lp += (pulp.LpAffineExpression(moved_cost) <= s.budget_cost - m.fixed_cost,
                  "budget_bytes")
@@ -573,8 +648,59 @@ def _build(problem: Problem, units: _Units, s: _Setting, theta: float, hard: boo
     objective = _load_constraints(m, load_terms, load_const, s, theta)
     if not hard:
         _giant_key_cuts(m, units, s)
-    m.lp += pulp.LpAffineExpression(moved_cost + objective)
+    m.lp += pulp.LpAffineExpression(moved_cost + objective + table_objective)
     return m
+
+
+def _table_constraint(m: _Model, problem: Problem, units: _Units, s: _Setting) -> list:
+    """Routing-table size <= A_max, elastic: ``table - excess <= A_max``, excess penalised.
+
+    Table size = keys whose planned instance differs from their default:
+
+    * explicit key: ``1 - x[k, h(k)]`` (1 when h(k) is drained);
+    * return unit: ``1 - y[k]`` (it is off its default unless it goes back);
+    * light keys the model cannot route home count what they count now: keys that stay
+      keep their membership; a fluid key already in the table stays in it wherever it
+      goes (or leaves it, so 1 is an upper bound); keys of drained or removed instances
+      count 1 (upper bound);
+    * light keys at home that a fluid reservoir sheds: +1 each, modelled per cost bin as
+      ``fill * (keys at home in the bin) / (load of the bin)``. Disaggregation takes a
+      prefix of the bins, which can overshoot this count by a few keys per reservoir;
+      the planner then sends keys home (:func:`fit_table`) to fit A_max.
+
+    The penalty (:data:`TABLE_WEIGHT` per entry, above the total state) makes the
+    elastic model choose the same plans as the strict one whenever the strict one is
+    feasible, and keeps every warm start admissible.
+    """
+    if s.max_table is None:
+        return []
+    must = problem.must_move()
+    other = np.ones(problem.n_keys, dtype=bool)
+    other[units.explicit] = False
+    other[units.returns] = False
+    off = (problem.current != problem.default) | must
+    const = float(off[other].sum())
+    terms = []
+    active = set(int(i) for i in s.active)
+    for p, k in enumerate(units.explicit):
+        const += 1.0
+        h = int(problem.default[k])
+        if h in active:
+            terms.append((m.x[p, h], -1.0))
+    for q, _k in enumerate(units.returns):
+        const += 1.0
+        terms.append((m.y[q], -1.0))
+    for r, res in enumerate(units.reservoirs):
+        if res.kind != FLUID:
+            continue
+        for b, (bin_load, home) in enumerate(zip(res.bin_load, res.bin_home, strict=True)):
+            if home > 0:
+                terms.append((m.fill[r, b], float(home / bin_load)))
+    m.table_terms, m.table_const = terms, const
+    m.table_excess = m.lp.add_variable("table_excess", lowBound=0)
+    m.lp += (pulp.LpAffineExpression([*terms, (m.table_excess, -1.0)], const)
+             <= float(s.max_table), "max_table")
+    return [(m.table_excess, TABLE_WEIGHT)]
 
 
 def _load_constraints(m: _Model, load_terms: dict[int, list], load_const: dict[int, float],
@@ -624,6 +750,7 @@ def _start_values(problem: Problem, units: _Units, s: _Setting, m: _Model,
                   starts: dict[str, np.ndarray]) -> tuple[dict | None, str]:
     """Model values of the first start that meets the model's hard constraints."""
     fixed = ~_movable(units, s)
+    fixed[units.returns] = False   # checked below: they may only go home
     for name, start in starts.items():
         loads = np.bincount(start, weights=s.load, minlength=problem.n_instances)
         moved = start != problem.current
@@ -635,6 +762,9 @@ def _start_values(problem: Problem, units: _Units, s: _Setting, m: _Model,
             continue
         if moved[fixed].any():
             continue  # moves the model cannot express
+        ret = units.returns
+        if len(ret) and (moved[ret] & (start[ret] != problem.default[ret])).any():
+            continue  # a return unit can only stay or go back to its default
         return _values(problem, units, s, m, start, loads), (
             f"MIP start: {name} (max load {loads.max():.4f} x mean, "
             f"{s.cost[moved].sum():.4%} of the state moved)")
@@ -645,6 +775,8 @@ def _values(problem: Problem, units: _Units, s: _Setting, m: _Model, start: np.n
             loads: np.ndarray) -> dict[pulp.LpVariable, float]:
     """Values of every model variable for the key assignment ``start``."""
     values = {v: float(start[units.explicit[p]] == i) for (p, i), v in m.x.items()}
+    for q, k in enumerate(units.returns):
+        values[m.y[q]] = float(start[k] != problem.current[k])
     for r, res in enumerate(units.reservoirs):
         if res.kind == PINNED:
             continue
@@ -662,6 +794,9 @@ def _values(problem: Problem, units: _Units, s: _Setting, m: _Model, start: np.n
         values[e] = max(0.0, float(loads[i]) - s.l_max)
     if m.worst is not None:
         values[m.worst] = max(0.0, float(loads.max()) - s.l_max)
+    if m.table_excess is not None:
+        size = m.table_const + sum(c * values.get(v, 0.0) for v, c in m.table_terms)
+        values[m.table_excess] = max(0.0, size - float(s.max_table))
     up = float(loads[s.active].max()) - 1.0
     low = 1.0 - float(loads[s.active].min())
     d = max(up, low, 0.0)
@@ -708,7 +843,11 @@ def _assignment(problem: Problem, units: _Units, s: _Setting,
     active = [int(i) for i in s.active]
     for p, k in enumerate(units.explicit):
         a[k] = max(active, key=lambda i: m.x[p, i].varValue or 0.0)
-    planned = np.bincount(a[units.explicit], weights=problem.load[units.explicit],
+    for q, k in enumerate(units.returns):
+        if (m.y[q].varValue or 0.0) > 0.5:
+            a[k] = problem.default[k]
+    modelled = np.concatenate([units.explicit, units.returns]).astype(np.int64)
+    planned = np.bincount(a[modelled], weights=problem.load[modelled],
                           minlength=problem.n_instances)
     picked = []
     for r, res in enumerate(units.reservoirs):
@@ -823,6 +962,24 @@ def _trim_to_budget(problem: Problem, units: _Units, s: _Setting, a: np.ndarray)
             "byte budget"]
 
 
+def _fit_table(problem: Problem, params: PlanParams, a: np.ndarray) -> list[str]:
+    """With A_max: send keys that move anyway to their default (free), then, only if the
+    disaggregation's rounding left the table above A_max, send keys home to fit it
+    (:func:`rebalance.planners.auto.fit_table`)."""
+    if params.max_table is None:
+        return []
+    from .auto import fit_table
+
+    before = int((a != problem.default).sum())
+    fitted, back = fit_table(problem, params, a)
+    a[:] = fitted
+    after = int((a != problem.default).sum())
+    if not back:
+        return []
+    return [f"table fit: {back} key(s) sent to their default instance, table {before} -> "
+            f"{after} (A_max {params.max_table})"]
+
+
 # -------------------------------------------------------------------------- reports
 
 def _solver_bound(m: _Model, outcome: _Outcome, s: _Setting, units: _Units,
@@ -844,9 +1001,14 @@ def _solver_bound(m: _Model, outcome: _Outcome, s: _Setting, units: _Units,
     if any(r.kind == FLUID for r in units.reservoirs) and s.budget_cost is not None:
         return None, ("solver_bound: none (a byte budget on the reduced model's cost bins "
                       "does not relax the full problem)")
+    if s.max_table is not None and units.reduced:
+        return None, ("solver_bound: none (with A_max the reduced model counts light keys' "
+                      "table entries conservatively and restricts light table keys to "
+                      "staying or going home, so it does not relax the full problem)")
     slack = DISTANCE_WEIGHT * max(1.0, theta) + sum(r.chord_gap for r in units.reservoirs)
     bound = s.state_scale * max(0.0, outcome.bound + m.fixed_cost - slack)
-    return bound, (f"solver_bound: {bound:.0f} bytes, least state any plan meeting L_max and "
+    return bound, (f"solver_bound: {bound:.0f} bytes, least state any plan meeting L_max, "
+                   f"{'A_max and ' if s.max_table is not None else ''}"
                    f"the budgets must move (HiGHS dual bound of the "
                    f"{'reduced' if units.reduced else 'exact'} model minus {slack:.3g}, the "
                    "most the tie-breaker and the cost bins can add)")
@@ -858,12 +1020,12 @@ def _describe_units(problem: Problem, units: _Units, s: _Setting, theta: float) 
         return f"model: exact, {problem.n_keys} keys x {n} instances as binaries"
     kinds = {kind: sum(len(r.keys) for r in units.reservoirs if r.kind == kind)
              for kind in (FLUID, FORCED, PINNED)}
-    light = units.light
+    light = np.concatenate([units.light, units.returns]).astype(np.int64)
     biggest = float(s.load[light].max()) if len(light) else 0.0
     return (f"model: reduced, {len(units.explicit)} heaviest keys x {n} instances as binaries; "
             f"light keys: {kinds[FLUID]} fluid, {kinds[FORCED]} forced to leave, "
-            f"{kinds[PINNED]} pinned (largest {biggest:.4f} x mean = "
-            f"{biggest / theta:.2f} x theta * mean)")
+            f"{kinds[PINNED]} pinned, {len(units.returns)} table keys that may go home "
+            f"(largest {biggest:.4f} x mean = {biggest / theta:.2f} x theta * mean)")
 
 
 def _describe_outcome(mode: str, o: _Outcome) -> str:

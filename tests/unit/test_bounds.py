@@ -1,0 +1,128 @@
+"""The migration lower bound: the partial-sort version equals the former full-sort one."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from rebalance.bounds import migration_lower_bound
+from rebalance.model import Problem
+
+
+def _reference_bound(problem: Problem, max_load: float) -> float:
+    """The former implementation: one lexsort of all keys by (instance, state per load)."""
+    if problem.n_keys == 0:
+        return 0.0
+    if float(problem.load.max()) > max_load * (1 + 1e-12):
+        return float("inf")
+    forced = problem.must_move()
+    bound = float(problem.state[forced].sum())
+    stay = ~forced
+    cur, load, state = problem.current[stay], problem.load[stay], problem.state[stay]
+    loads = np.bincount(cur, weights=load, minlength=problem.n_instances)
+    over = np.flatnonzero(loads > max_load * (1 + 1e-12))
+    if len(over) == 0:
+        return bound
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = np.where(load > 0, state / np.where(load > 0, load, 1.0), np.inf)
+    order = np.lexsort((ratio, cur))
+    cur_s, load_s, state_s = cur[order], load[order], state[order]
+    starts = np.searchsorted(cur_s, over, side="left")
+    ends = np.searchsorted(cur_s, over, side="right")
+    for d, lo, hi in zip(over, starts, ends):
+        excess = loads[d] - max_load
+        cum = np.cumsum(load_s[lo:hi])
+        j = int(np.searchsorted(cum, excess, side="left"))
+        full = float(state_s[lo:lo + j].sum())
+        shed_before = float(cum[j - 1]) if j > 0 else 0.0
+        rest = excess - shed_before
+        if j < hi - lo and load_s[lo + j] > 0:
+            full += float(state_s[lo + j]) * min(1.0, rest / float(load_s[lo + j]))
+        bound += full
+    return bound
+
+
+def _random_problem(rng: np.random.Generator, k: int, n: int) -> Problem:
+    load = rng.pareto(1.2, k) * rng.integers(0, 2, k)          # many zero loads
+    state = np.round(rng.lognormal(5, 2, k)) * rng.integers(0, 2, k) if rng.random() < 0.5 \
+        else rng.lognormal(5, 2, k)
+    if rng.random() < 0.3:
+        state = np.round(load * 7)                              # many equal ratios
+    current = rng.integers(0, n + (1 if rng.random() < 0.3 else 0), k)
+    drain = frozenset({int(rng.integers(0, n))}) if n > 1 and rng.random() < 0.2 else frozenset()
+    return Problem(keys=np.array([f"k{i}" for i in range(k)], dtype=object), load=load,
+                   state=state, current=current, default=rng.integers(0, n, k), n_instances=n,
+                   drain=drain)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_partial_sort_bound_equals_the_full_sort_bound(seed):
+    rng = np.random.default_rng(seed)
+    k = int(rng.choice([1, 5, 50, 300, 3000, 20000]))
+    n = int(rng.integers(1, 12))
+    problem = _random_problem(rng, k, n)
+    mean = problem.mean_load() if problem.load.sum() > 0 else 1.0
+    for theta in (0.0, 0.02, 0.3, 2.0):
+        target = max((1 + theta) * mean, float(problem.load.max()))
+        new, old = migration_lower_bound(problem, target), _reference_bound(problem, target)
+        assert new == pytest.approx(old, rel=1e-9, abs=1e-6)
+
+
+def test_subnormal_loads_give_no_overflow_warning_and_a_valid_bound():
+    tiny = 5e-324
+    problem = Problem(keys=np.array(["a", "b", "c", "d"], dtype=object),
+                      load=np.array([tiny, 1.0, 1.0, 0.0]), state=np.array([1e300, 2.0, 3.0, 9.0]),
+                      current=np.array([0, 0, 0, 1]), default=np.array([0, 0, 0, 1]),
+                      n_instances=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bound = migration_lower_bound(problem, 1.0)
+    assert bound == pytest.approx(2.0)  # shed the cheapest unit key, never the huge-ratio one
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_table_bound_is_valid_and_at_least_the_plain_bound(seed):
+    """Brute force: the A_max-aware bound never exceeds the least migration of any plan
+    meeting both the load bound and the table bound, and never falls below the plain one."""
+    import itertools
+
+    rng = np.random.default_rng(1000 + seed)
+    n, k = int(rng.integers(2, 4)), int(rng.integers(2, 8))
+    current = rng.integers(0, n + (1 if seed % 4 == 0 else 0), k)
+    default = np.where(rng.random(k) < 0.5, rng.integers(0, n, k), np.minimum(current, n - 1))
+    drain = frozenset({int(rng.integers(0, n))}) if seed % 7 == 0 else frozenset()
+    problem = Problem(keys=np.array([f"k{i}" for i in range(k)], dtype=object),
+                      load=rng.integers(0, 20, k).astype(float),
+                      state=rng.integers(0, 60, k).astype(float), current=current,
+                      default=default, n_instances=n, drain=drain)
+    if problem.load.sum() == 0:
+        return
+    active = np.flatnonzero(problem.active)
+    rows = np.array(list(itertools.product(active, repeat=k)))
+    loads = np.stack([np.bincount(r, weights=problem.load, minlength=n) for r in rows])
+    migration = (rows != problem.current).astype(float) @ problem.state
+    table = (rows != problem.default).sum(axis=1)
+    for theta in (0.0, 0.2, 1.0):
+        target = max((1 + theta) * problem.mean_load(), float(problem.load.max()))
+        plain = migration_lower_bound(problem, target)
+        for max_table in range(0, k + 1):
+            ok = (loads.max(axis=1) <= target * (1 + 1e-9)) & (table <= max_table)
+            bound = migration_lower_bound(problem, target, max_table)
+            assert bound >= plain - 1e-9
+            if ok.any():
+                assert bound <= migration[ok].min() * (1 + 1e-9) + 1e-9
+
+
+def test_table_bound_charges_the_table_keys_that_must_go_home():
+    # Instance 0 holds home keys a (load 4, state 1) and b (load 4, state 1); L = 6 means
+    # 2 load must leave 0, adding a table entry. The table {c} is full (A_max = 1), so c
+    # (state 10, the only table key) must go home too: a plan moves 1 + 10 = 11. The
+    # relaxation may move half of a (0.5) and then needs half of c to go home (5).
+    problem = Problem(keys=np.array(["a", "b", "c"], dtype=object),
+                      load=np.array([4.0, 4.0, 1.0]), state=np.array([1.0, 1.0, 10.0]),
+                      current=np.array([0, 0, 1]), default=np.array([0, 0, 0]), n_instances=2)
+    assert migration_lower_bound(problem, 6.0) == pytest.approx(0.5)
+    assert migration_lower_bound(problem, 6.0, max_table=1) == pytest.approx(5.5, rel=1e-6)
+    assert migration_lower_bound(problem, 6.0, max_table=2) == pytest.approx(0.5)
