@@ -234,7 +234,8 @@ def propose_rollback(spark, to_version: int, theta: float | None = None,
 
 
 def _latest_loads(spark, lookback: int) -> tuple[dict[str, float], dict[str, float], list[str], int | None]:
-    """Per-key load (events per window) and state of the latest windows, if any."""
+    """Per-key load (cost per window, as in ``rebalance.histograms``) and state of the latest
+    windows, if any."""
     from pyspark.sql import functions as F
 
     from .spark import tables
@@ -249,10 +250,10 @@ def _latest_loads(spark, lookback: int) -> tuple[dict[str, float], dict[str, flo
     if not starts:
         return {}, {}, [], version
     pdf = (df.where(F.col("window_start").isin(starts))
-           .groupBy("window_start", "key").agg(F.sum("count").alias("count"),
+           .groupBy("window_start", "key").agg(F.sum("cost").alias("cost"),
                                                F.max("state_bytes").alias("state"))
            .toPandas())
-    load = (pdf.groupby("key")["count"].sum() / len(starts)).to_dict()
+    load = (pdf.groupby("key")["cost"].sum() / len(starts)).to_dict()
     state = pdf.sort_values("window_start").groupby("key")["state"].last().to_dict()
     return ({k: float(v) for k, v in load.items()}, {k: float(v) for k, v in state.items()},
             sorted(as_utc(s).isoformat() for s in starts), version)

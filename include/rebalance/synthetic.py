@@ -13,12 +13,25 @@ tried. The load of a key in an interval is its expected event count
 on the model itself). :class:`rebalance.streaming.generator.EventGenerator` uses the
 same frequencies (same seeds), so the streaming job sees this very workload.
 
-State. The state a key holds at the end of an interval (seed 003 S(k, w) with w = one
-interval) is ``key_overhead + bytes_per_event * load * size_factor(k)``: a fixed cost per
-key (its entry in the state store) plus the bytes of the events it keeps, where each key
-has a fixed log-normal record-size factor (mean 1, shape ``state_sigma``) drawn once from
-the seed. The factor makes state and load only loosely correlated, so the planners' key
-orders differ (seed 003's gamma = c^beta / S would otherwise be a function of c alone).
+State. Seed 003's S(k, w) is the state of key k over a sliding window: the tuples it
+received in its last ``w`` intervals. ``SyntheticConfig.state_window`` is that w. The
+state a key holds at the end of interval i is
+
+    state_i(k) = key_overhead + bytes_per_event * size_factor(k) * sum_{j=max(0, i-w+1)}^{i} load_j(k)
+
+a fixed cost per key (its entry in the state store) plus the bytes of the events it
+keeps; the first intervals (i < w - 1) sum the intervals that exist. Each key has a fixed
+log-normal record-size factor (mean 1, shape ``state_sigma``) drawn once from the seed;
+it makes state and load only loosely correlated, so the planners' key orders differ
+(seed 003's gamma = c^beta / S would otherwise be a function of c alone). Loads (and so
+the planners' load bounds) do not depend on w.
+
+``state_window = 1`` (the library default) is the current-interval model: the state is
+that of interval i only, so a key whose load moved away holds little state. It is the
+model of the evaluation package's ``zipf_trace``, which takes the config defaults.
+:data:`SEED003_STATE_WINDOW` (w = 10) is the window the planner benchmark's seed 003
+scenarios use by default (``include/benchmarks/plan_benchmark.py``): under it a key that
+was recently hot still holds a lot of state, as in the paper.
 """
 
 from __future__ import annotations
@@ -32,6 +45,8 @@ from .model import Problem
 from .placement import default_instances
 
 CHUNK = 256  # pairs drawn per round; part of the random stream, so part of the behaviour
+#: Seed 003's sliding state window S(k, w) as used by the planner benchmark (w = 10).
+SEED003_STATE_WINDOW = 10
 
 
 def zipf_weights(n_keys: int, exponent: float) -> np.ndarray:
@@ -151,7 +166,12 @@ def state_sizes(load: np.ndarray, size_factor: np.ndarray, bytes_per_event: floa
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    """Seed 003's synthetic workload (defaults: its defaults, z = 0.85, f = 1, K = 10^4, N = 15)."""
+    """Seed 003's synthetic workload (defaults: its defaults, z = 0.85, f = 1, K = 10^4, N = 15).
+
+    The state window defaults to 1 (current-interval state, what the evaluation package
+    expects); seed 003's S(k, w) with its sliding window is ``state_window=
+    SEED003_STATE_WINDOW`` (10), the default of the planner benchmark's seed 003 scenarios.
+    """
 
     n_keys: int = 10_000
     zipf: float = 0.85
@@ -161,6 +181,9 @@ class SyntheticConfig:
     bytes_per_event: float = 64.0
     key_overhead: float = 512.0
     state_sigma: float = 0.5
+    #: w of seed 003's S(k, w): state = the key's events over its last w intervals
+    #: (1 = the current interval only; the benchmark uses SEED003_STATE_WINDOW = 10).
+    state_window: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -172,6 +195,8 @@ class SyntheticConfig:
             (self.events_per_interval > 0, "events_per_interval must be > 0"),
             (self.bytes_per_event >= 0 and self.key_overhead >= 0, "state sizes must be >= 0"),
             (self.state_sigma >= 0, "state_sigma must be >= 0"),
+            (isinstance(self.state_window, (int, np.integer)) and self.state_window >= 1,
+             "state_window must be an integer >= 1"),
             (self.seed >= 0, "seed must be >= 0"),
         ]
         for ok, message in checks:
@@ -226,9 +251,21 @@ class SyntheticWorkload:
     def load(self, interval: int) -> np.ndarray:
         return self.frequencies(interval) * self.config.events_per_interval
 
+    def window_events(self, interval: int) -> np.ndarray:
+        """Events of every key over the state window ending at ``interval``: the loads of
+        intervals max(0, interval - w + 1) .. interval, summed (oldest first)."""
+        self.frequencies(interval)
+        lo = max(0, interval - self.config.state_window + 1)
+        total = self.load(lo).copy()
+        for j in range(lo + 1, interval + 1):
+            total += self.load(j)
+        return total
+
     def state(self, interval: int) -> np.ndarray:
+        """Seed 003's S(k, w) at the end of ``interval`` (module docstring), w = state_window."""
         c = self.config
-        return state_sizes(self.load(interval), self.size_factor, c.bytes_per_event, c.key_overhead)
+        return state_sizes(self.window_events(interval), self.size_factor, c.bytes_per_event,
+                           c.key_overhead)
 
     def problem(self, interval: int, current: np.ndarray | None = None) -> Problem:
         """Interval ``interval``'s loads and state, from ``current`` (default placement if None)."""

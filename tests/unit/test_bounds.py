@@ -126,3 +126,55 @@ def test_table_bound_charges_the_table_keys_that_must_go_home():
     assert migration_lower_bound(problem, 6.0) == pytest.approx(0.5)
     assert migration_lower_bound(problem, 6.0, max_table=1) == pytest.approx(5.5, rel=1e-6)
     assert migration_lower_bound(problem, 6.0, max_table=2) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_finish_plan_skips_the_table_search_only_when_it_cannot_bind(seed):
+    """``finish_plan`` reports the table-aware bound; its shortcut (the plain bound when
+    the plain LP solution already fits the table) gives the same value as the search."""
+    from rebalance.model import PlanParams
+    from rebalance.planners import get_planner
+    from rebalance.planners.base import _table_cannot_bind
+
+    rng = np.random.default_rng(2000 + seed)
+    n, k = int(rng.integers(2, 6)), int(rng.integers(5, 60))
+    current = rng.integers(0, n, k)
+    default = np.where(rng.random(k) < 0.7, current, rng.integers(0, n, k))
+    problem = Problem(keys=np.array([f"k{i}" for i in range(k)], dtype=object),
+                      load=rng.integers(0, 30, k).astype(float),
+                      state=rng.integers(0, 100, k).astype(float), current=current,
+                      default=default, n_instances=n)
+    for theta in (0.05, 0.3):
+        target = max(problem.max_load(theta), float(problem.load.max()))
+        plain = migration_lower_bound(problem, target)
+        for max_table in (0, 2, 5, k // 2, k):
+            full = migration_lower_bound(problem, target, max_table)
+            if _table_cannot_bind(problem, target, max_table):
+                assert full == pytest.approx(plain, rel=1e-9, abs=1e-9)
+            params = PlanParams(theta=theta, max_table=max_table)
+            plan = get_planner("mixed").plan(problem, params)
+            m = plan.metrics
+            own = migration_lower_bound(
+                problem, max(problem.max_load(theta), m.max_load_after),
+                max(max_table, m.table_size))
+            assert plan.lower_bound_bytes == pytest.approx(own, rel=1e-9, abs=1e-9)
+            assert plan.lower_bound_bytes <= m.migration_bytes * (1 + 1e-9) + 1e-9
+
+
+def test_plans_report_the_table_aware_bound():
+    # test_table_bound_charges_the_table_keys_that_must_go_home's problem: the plain bound
+    # is 0.5, the table-aware one 5.5 with A_max = 1.
+    from rebalance.model import PlanParams
+    from rebalance.planners import get_planner
+
+    problem = Problem(keys=np.array(["a", "b", "c"], dtype=object),
+                      load=np.array([4.0, 4.0, 1.0]), state=np.array([1.0, 1.0, 10.0]),
+                      current=np.array([0, 0, 1]), default=np.array([0, 0, 0]), n_instances=2)
+    theta = 6.0 / problem.mean_load() - 1  # L_max = 6
+    plan = get_planner("mixed").plan(problem, PlanParams(theta=theta, max_table=1))
+    assert plan.metrics.max_load_after <= 6.0 and plan.metrics.table_size <= 1
+    assert plan.lower_bound_bytes == pytest.approx(5.5, rel=1e-6)  # plain: 0.5
+    assert plan.metrics.migration_bytes == pytest.approx(11.0)
+    free = get_planner("mixed").plan(problem, PlanParams(theta=theta))
+    assert free.lower_bound_bytes == pytest.approx(
+        migration_lower_bound(problem, max(6.0, free.metrics.max_load_after)))

@@ -3,7 +3,8 @@
 * every key is assigned exactly once, to an instance in [0, N);
 * the reported metrics are the metrics recomputed from the assignment;
 * a plan reported feasible has imbalance <= 1 + theta, and no key on a drained instance;
-* the migration lower bound never exceeds the migration the plan achieved;
+* the migration lower bound never exceeds the migration the plan achieved; with A_max it
+  is the table-aware bound (for A_max or the plan's own table, the larger);
 * the same input gives the same plan.
 """
 
@@ -82,6 +83,12 @@ def _check(method: str, problem: Problem, params: PlanParams) -> None:
             problem, max(recomputed.max_load_after, problem.max_load(params.theta)),
             max(params.max_table, recomputed.table_size))
         assert lb_table <= recomputed.migration_bytes * (1 + 1e-9) + 1e-9
+        # ... and it is the bound the plan reports (finish_plan), never below the plain one
+        assert plan.lower_bound_bytes == pytest.approx(lb_table, rel=1e-9, abs=1e-9) \
+            or plan.lower_bound_bytes == lb_table
+        assert plan.lower_bound_bytes >= lb_own * (1 - 1e-9) - 1e-9 or lb_own == float("inf")
+    else:
+        assert plan.lower_bound_bytes == lb_own
     if plan.feasible and plan.solver_bound is not None:
         assert plan.solver_bound <= recomputed.migration_bytes * (1 + 1e-9) + 1e-9
     if method not in SLOW:

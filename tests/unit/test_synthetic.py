@@ -118,6 +118,31 @@ def test_state_model():
     assert (flat.size_factor == 1.0).all()
 
 
+def test_state_window_is_seed003_sliding_window():
+    """S(k, w): overhead + bytes/event x factor x the key's events over its last w
+    intervals (those that exist at the start); w = 1 is the current-interval state."""
+    from rebalance.synthetic import SEED003_STATE_WINDOW
+
+    assert SEED003_STATE_WINDOW == 10
+    base = dict(n_keys=300, n_instances=4, fluctuation=0.5, seed=2)
+    cur = SyntheticWorkload(SyntheticConfig(**base))
+    assert cur.config.state_window == 1  # the library default: current interval
+    win = SyntheticWorkload(SyntheticConfig(**base, state_window=3))
+    c = win.config
+    for i in range(6):
+        assert np.array_equal(cur.load(i), win.load(i))  # loads do not depend on w
+        events = sum(win.load(j) for j in range(max(0, i - 2), i + 1))
+        expect = c.key_overhead + c.bytes_per_event * events * win.size_factor
+        assert np.allclose(win.state(i), expect, rtol=1e-12)
+        assert np.array_equal(cur.state(i), state_sizes(cur.load(i), cur.size_factor,
+                                                         c.bytes_per_event, c.key_overhead))
+        assert np.allclose(win.problem(i).state, win.state(i))
+    # a key that was hot keeps its state after its load moves away
+    assert (win.state(5) >= cur.state(5) - 1e-9).all()
+    with pytest.raises(ValueError, match="state_window"):
+        SyntheticConfig(state_window=0)
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="zipf"):
         SyntheticConfig(zipf=-1)
