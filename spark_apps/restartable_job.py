@@ -17,26 +17,19 @@ import argparse
 import sys
 
 from rebalance.spark.tables import AssignmentError, TableError
-from rebalance.streaming.apps import add_spark_options, spark_from_args
-from rebalance.streaming.job import JobConfig, JobError
+from rebalance.streaming.apps import (
+    add_job_options, add_spark_options, job_config_from_args, spark_from_args)
+from rebalance.streaming.job import JobError
 from rebalance.streaming.restart import RestartableJob, RestartError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    d = JobConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--instances", type=int, default=d.n_instances,
-                   help="instances N of generation 0 (later generations take N from requests)")
-    p.add_argument("--window-seconds", type=float, default=d.window_seconds)
-    p.add_argument("--windows", type=int, default=d.n_windows)
-    p.add_argument("--watermark-seconds", type=float, default=d.watermark_seconds)
-    p.add_argument("--no-histograms", action="store_true", help="do not emit histograms")
-    p.add_argument("--max-files-per-trigger", type=int)
-    p.add_argument("--trigger-seconds", type=float, default=5.0, help="micro-batch interval")
+    add_job_options(p, trigger_seconds=5.0,
+                    instances_help="instances N of generation 0 (later generations take N "
+                                   "from requests)")
     p.add_argument("--poll-seconds", type=float, default=5.0,
                    help="how often the restarts table is read for requests")
-    p.add_argument("--name", default=d.name, help="job name (checkpoints, restart requests)")
-    p.add_argument("--checkpoint-root")
     add_spark_options(p)
     return p.parse_args(argv)
 
@@ -44,13 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = JobConfig(
-            n_instances=args.instances, window_seconds=args.window_seconds,
-            n_windows=args.windows, watermark_seconds=args.watermark_seconds,
-            emit_histograms=not args.no_histograms,
-            max_files_per_trigger=args.max_files_per_trigger,
-            trigger_seconds=args.trigger_seconds, name=args.name,
-            tables_root=args.tables_root, checkpoint_root=args.checkpoint_root)
+        config = job_config_from_args(args)
         job = RestartableJob(spark_from_args(args, f"rebalance-{args.name}"), config)
         generation = job.start()
     except (JobError, TableError, AssignmentError, RestartError) as exc:

@@ -22,3 +22,49 @@ def spark_from_args(args: argparse.Namespace, app_name: str):
     from ..spark.session import get_spark
 
     return get_spark(app_name, master=args.master, conf=parse_conf(";".join(args.conf)))
+
+
+def add_job_options(parser: argparse.ArgumentParser, *, trigger_seconds: float | None = None,
+                    instances_help: str = "instances N (= shuffle partitions of the stateful "
+                                          "operator)") -> None:
+    """The keyed job's options (:class:`~rebalance.streaming.job.JobConfig`), shared by the
+    entry points in ``spark_apps/``; ``trigger_seconds`` is the default micro-batch interval
+    (None: process what is available and stop)."""
+    from .job import JobConfig
+
+    d = JobConfig()
+    group = parser.add_argument_group("keyed job")
+    group.add_argument("--instances", type=int, default=d.n_instances, help=instances_help)
+    group.add_argument("--window-seconds", type=float, default=d.window_seconds,
+                       help="histogram and aggregation window length")
+    group.add_argument("--windows", type=int, default=d.n_windows,
+                       help="w: the sliding aggregate covers the last w windows")
+    group.add_argument("--watermark-seconds", type=float, default=d.watermark_seconds,
+                       help="allowed event-time lateness")
+    group.add_argument("--no-histograms", action="store_true", help="do not emit histograms")
+    group.add_argument("--work-us-per-cost", type=float, default=d.work_us_per_cost,
+                       help="simulated CPU work per unit of event cost (benchmarks)")
+    group.add_argument("--max-files-per-trigger", type=int,
+                       help="limit a micro-batch's input files")
+    group.add_argument("--trigger-seconds", type=float, default=trigger_seconds,
+                       help="micro-batch interval"
+                            + ("" if trigger_seconds else
+                               "; without it, process what is available and stop"))
+    group.add_argument("--name", default=d.name,
+                       help="job name (checkpoint folder, query names, restart requests)")
+    group.add_argument("--checkpoint-root",
+                       help="folder of the checkpoints (default: $REBALANCE_DATA_DIR/checkpoints)")
+
+
+def job_config_from_args(args: argparse.Namespace):
+    """The :class:`~rebalance.streaming.job.JobConfig` of options added by
+    :func:`add_job_options` (validated by JobConfig itself)."""
+    from .job import JobConfig
+
+    return JobConfig(
+        n_instances=args.instances, window_seconds=args.window_seconds,
+        n_windows=args.windows, watermark_seconds=args.watermark_seconds,
+        emit_histograms=not args.no_histograms, work_us_per_cost=args.work_us_per_cost,
+        max_files_per_trigger=args.max_files_per_trigger,
+        trigger_seconds=args.trigger_seconds, name=args.name,
+        tables_root=args.tables_root, checkpoint_root=args.checkpoint_root)
