@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from rebalance.bounds import migration_lower_bound
+from rebalance.bounds import cover_lower_bound, migration_lower_bound
 from rebalance.model import Problem
 
 
@@ -178,3 +178,75 @@ def test_plans_report_the_table_aware_bound():
     free = get_planner("mixed").plan(problem, PlanParams(theta=theta))
     assert free.lower_bound_bytes == pytest.approx(
         migration_lower_bound(problem, max(6.0, free.metrics.max_load_after)))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_cover_bound_is_valid_and_at_least_the_plain_bound(seed):
+    """Brute force over every assignment: the integer knapsack-cover bound never exceeds
+    the least migration of a plan meeting the load bound (with or without a table bound,
+    which it ignores), and it is never below the fractional (combinatorial) bound."""
+    import itertools
+
+    rng = np.random.default_rng(3000 + seed)
+    n, k = int(rng.integers(2, 4)), int(rng.integers(2, 9))
+    current = rng.integers(0, n + (1 if seed % 4 == 0 else 0), k)
+    default = np.where(rng.random(k) < 0.5, rng.integers(0, n, k), np.minimum(current, n - 1))
+    drain = frozenset({int(rng.integers(0, n))}) if seed % 7 == 0 else frozenset()
+    load = rng.integers(0, 20, k).astype(float) if seed % 2 else rng.pareto(1.0, k) + 0.01
+    problem = Problem(keys=np.array([f"k{i}" for i in range(k)], dtype=object), load=load,
+                      state=rng.integers(0, 60, k).astype(float), current=current,
+                      default=default, n_instances=n, drain=drain)
+    if problem.load.sum() == 0:
+        return
+    active = np.flatnonzero(problem.active)
+    rows = np.array(list(itertools.product(active, repeat=k)))
+    loads = np.stack([np.bincount(r, weights=problem.load, minlength=n) for r in rows])
+    migration = (rows != problem.current).astype(float) @ problem.state
+    table = (rows != problem.default).sum(axis=1)
+    for theta in (0.0, 0.1, 0.3, 1.0):
+        target = max((1 + theta) * problem.mean_load(), float(problem.load.max()))
+        plain = migration_lower_bound(problem, target)
+        whole = cover_lower_bound(problem, target)
+        assert whole is not None and whole >= plain * (1 - 1e-9) - 1e-9
+        ok = loads.max(axis=1) <= target * (1 + 1e-9)
+        if ok.any():
+            assert whole <= migration[ok].min() * (1 + 1e-9) + 1e-9
+        for max_table in range(0, k + 1):
+            ok_t = ok & (table <= max_table)
+            if ok_t.any():
+                best = migration[ok_t].min() * (1 + 1e-9) + 1e-9
+                assert whole <= best
+                assert max(whole, migration_lower_bound(problem, target, max_table)) <= best
+
+
+def test_cover_bound_counts_whole_keys():
+    # Instance 0 must shed 3 load; its keys: a (load 2, state 2), b (load 2, state 2),
+    # c (load 10, state 12). The fractional knapsack takes a and half of b (3); whole keys
+    # need a and b (4) or c (12): 4.
+    problem = Problem(keys=np.array(["a", "b", "c", "d"], dtype=object),
+                      load=np.array([2.0, 2.0, 10.0, 0.0]), state=np.array([2.0, 2.0, 12.0, 1.0]),
+                      current=np.array([0, 0, 0, 1]), default=np.array([0, 0, 0, 1]),
+                      n_instances=2)
+    assert migration_lower_bound(problem, 11.0) == pytest.approx(3.0)
+    assert cover_lower_bound(problem, 11.0) == pytest.approx(4.0, rel=1e-5)
+    assert cover_lower_bound(problem, 9.0) == float("inf")
+
+
+def test_auto_and_milp_report_the_cover_bound_cheap_planners_do_not():
+    from rebalance.model import PlanParams
+    from rebalance.planners import get_planner
+
+    problem = Problem(keys=np.array(["a", "b", "c", "d"], dtype=object),
+                      load=np.array([2.0, 2.0, 10.0, 0.0]), state=np.array([2.0, 2.0, 12.0, 1.0]),
+                      current=np.array([0, 0, 0, 1]), default=np.array([0, 0, 0, 1]),
+                      n_instances=2)
+    theta = 11.0 / problem.mean_load() - 1  # L_max = 11 (the 10-load key fits)
+    for method in ("auto", "milp"):
+        plan = get_planner(method).plan(problem, PlanParams(theta=theta, time_limit=5))
+        assert plan.metrics.max_load_after <= 11.0 * (1 + 1e-9)
+        assert plan.lower_bound_bytes == pytest.approx(4.0, rel=1e-5)
+        assert plan.lower_bound_bytes <= plan.metrics.migration_bytes * (1 + 1e-9)
+        assert any(n.startswith("lower bound: integer knapsack cover") for n in plan.notes)
+    mixed = get_planner("mixed").plan(problem, PlanParams(theta=theta))
+    assert mixed.lower_bound_bytes == pytest.approx(
+        migration_lower_bound(problem, max(11.0, mixed.metrics.max_load_after)))

@@ -56,6 +56,7 @@ class AutoPlanner(Planner):
     """Mixed, polished by a warm-started MILP when small enough and worthwhile."""
 
     name = "auto"
+    cover_bound = True
 
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
         from .llfd import MixedPlanner
@@ -93,7 +94,8 @@ class AutoPlanner(Planner):
         milp_params = PlanParams(theta=params.theta, beta=params.beta, max_table=params.max_table,
                                  budget_bytes=params.budget_bytes, budget_keys=params.budget_keys,
                                  time_limit=left, seed=params.seed, extra=extra)
-        milp = MilpPlanner().plan(problem, milp_params)
+        # auto's own finish_plan computes the integer cover bound for the plan it keeps.
+        milp = MilpPlanner().plan(problem, milp_params, cover_bound=False)
         notes.append(f"milp polish ({left:.2f} s, warm start = Mixed): {_summary(milp)}")
         # The MILP models A_max (and fits its own rounding); this is only a fallback.
         over = params.max_table is not None and milp.metrics.table_size > params.max_table

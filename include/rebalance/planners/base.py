@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..bounds import _ratio, migration_lower_bound
+from ..bounds import _ratio, cover_lower_bound, migration_lower_bound
 from ..model import Metrics, Plan, PlanParams, Problem, evaluate
 
 
@@ -31,16 +31,21 @@ class Planner(ABC):
     """
 
     name: str = ""
+    #: Report the integer knapsack-cover bound too (``rebalance.bounds.cover_lower_bound``,
+    #: a few tenths of a second at 10^4 keys): only the planners that search (auto, milp),
+    #: so cheap planners stay cheap.
+    cover_bound: bool = False
 
     @abstractmethod
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
         """Compute a new assignment (int64 array of length K, values in [0, N))."""
 
-    def plan(self, problem: Problem, params: PlanParams) -> Plan:
+    def plan(self, problem: Problem, params: PlanParams, cover_bound: bool | None = None) -> Plan:
         t0 = time.perf_counter()
         proposal = self.propose(problem, params)
         seconds = time.perf_counter() - t0
-        return finish_plan(self.name, problem, params, proposal, seconds)
+        return finish_plan(self.name, problem, params, proposal, seconds,
+                           cover_bound=self.cover_bound if cover_bound is None else cover_bound)
 
 
 def check_limits(problem: Problem, params: PlanParams, metrics: Metrics,
@@ -122,8 +127,13 @@ def _table_cannot_bind(problem: Problem, max_load: float, max_table: int) -> boo
 
 
 def finish_plan(method: str, problem: Problem, params: PlanParams, proposal: Proposal,
-                seconds: float) -> Plan:
-    """Evaluate a proposal into a Plan with metrics, feasibility and lower bound."""
+                seconds: float, cover_bound: bool = False) -> Plan:
+    """Evaluate a proposal into a Plan with metrics, feasibility and lower bound.
+
+    With ``cover_bound`` the reported bound is also at least the integer knapsack-cover
+    bound for the plan's own maximum load (``rebalance.bounds.cover_lower_bound``); the
+    notes say which bound was reported.
+    """
     a = np.asarray(proposal.assignment, dtype=np.int64)
     metrics = evaluate(problem, a)
     reasons = check_limits(problem, params, metrics, a)
@@ -138,6 +148,18 @@ def finish_plan(method: str, problem: Problem, params: PlanParams, proposal: Pro
     if table is not None and _table_cannot_bind(problem, target, table):
         table = None  # the table-aware bound equals the plain one here; skip its search
     lb = migration_lower_bound(problem, target, max_table=table)
+    notes = list(proposal.notes)
+    if cover_bound:
+        whole = cover_lower_bound(problem, target)
+        if whole is None:
+            notes.append("lower bound: combinatorial (integer cover bound not computed: "
+                         "too many keys on overloaded instances)")
+        elif whole > lb:
+            notes.append(f"lower bound: integer knapsack cover, {whole:.0f} bytes "
+                         f"(combinatorial {lb:.0f})")
+            lb = whole
+        else:
+            notes.append(f"lower bound: combinatorial, {lb:.0f} bytes (integer cover {whole:.0f})")
     total_state = float(problem.state.sum())
     lb_frac = lb / total_state if total_state > 0 and np.isfinite(lb) else (0.0 if lb == 0 else lb)
     return Plan(
@@ -150,6 +172,6 @@ def finish_plan(method: str, problem: Problem, params: PlanParams, proposal: Pro
         lower_bound_bytes=lb,
         lower_bound_fraction=float(lb_frac),
         plan_seconds=seconds,
-        notes=list(proposal.notes) + reasons,
+        notes=notes + reasons,
         solver_bound=proposal.solver_bound,
     )

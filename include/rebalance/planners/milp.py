@@ -254,6 +254,7 @@ class MilpPlanner(Planner):
     """Seed 002's MILP with HiGHS: least migration within the imbalance bound."""
 
     name = "milp"
+    cover_bound = True
 
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
         deadline = time.perf_counter() + params.time_limit
