@@ -35,6 +35,8 @@ so at 10^6 keys the bound costs a few linear passes instead of a full sort.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .model import Problem
@@ -208,10 +210,13 @@ def _table_bound(problem: Problem, max_load: float, max_table: int) -> float:
 
 #: Largest number of keys on overloaded instances the cover bound models; above it the
 #: combinatorial bound is reported.
-COVER_MAX_KEYS = 200_000
+COVER_MAX_KEYS = 50_000
 #: Seconds HiGHS may spend per overloaded instance (at a time-out its dual bound, still
 #: valid, is used).
 COVER_TIME_LIMIT = 0.3
+#: Seconds for all the covers of one bound; instances left when it is spent keep their
+#: fractional knapsack (still valid), so the bound's cost stays small on any input.
+COVER_TOTAL_SECONDS = 1.0
 
 
 def _cover_dual_bound(load: np.ndarray, state: np.ndarray, excess: float,
@@ -252,7 +257,8 @@ def _cover_dual_bound(load: np.ndarray, state: np.ndarray, excess: float,
 
 
 def cover_lower_bound(problem: Problem, max_load: float,
-                      time_limit: float = COVER_TIME_LIMIT) -> float | None:
+                      time_limit: float = COVER_TIME_LIMIT,
+                      total_seconds: float = COVER_TOTAL_SECONDS) -> float | None:
     """The plain bound with whole keys: per overloaded instance, the 0/1 knapsack cover.
 
     Keys move whole, so instance d (load L_d > ``max_load``) must shed a *set* of its
@@ -266,7 +272,8 @@ def cover_lower_bound(problem: Problem, max_load: float,
 
     Each cover is solved by HiGHS and its **dual bound** is used (valid even at the time
     limit; a primal objective would not be), minus a relative margin of 1e-6 for solver
-    tolerances, and never below the fractional knapsack of that instance. Returns None
+    tolerances, and never below the fractional knapsack of that instance; instances reached
+    after ``total_seconds`` keep their fractional knapsack. Returns None
     when more than :data:`COVER_MAX_KEYS` keys sit on overloaded instances or HiGHS is
     missing, ``inf`` when a key is heavier than ``max_load``.
     """
@@ -286,12 +293,14 @@ def cover_lower_bound(problem: Problem, max_load: float,
     over = np.flatnonzero(loads > max_load * (1 + 1e-12))
     if int(np.isin(cur, over).sum()) > COVER_MAX_KEYS:
         return None
+    deadline = time.perf_counter() + total_seconds
     for d in over:
         keys = stay[cur == d]
         load, state = problem.load[keys], problem.state[keys]
         excess = float(loads[d] - max_load)
         frac = _shed_cost(load, state, excess)
-        whole = _cover_dual_bound(load, state, excess, time_limit)
+        left = deadline - time.perf_counter()
+        whole = _cover_dual_bound(load, state, excess, min(time_limit, left)) if left > 0.01 else None
         if whole is not None:
             frac = max(frac, whole - 1e-6 * abs(whole))
         bound += frac
