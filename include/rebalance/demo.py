@@ -116,7 +116,7 @@ def main() -> None:
     gen_config = GeneratorConfig(
         n_keys=200, zipf=1.0, events_per_batch=1500, batch_seconds=WINDOW_SECONDS,
         fluctuation=1.0, interval_batches=3 * BATCHES_PER_INTERVAL, n_instances=INSTANCES,
-        seed=1, start=t0.isoformat().replace("+00:00", "Z"))
+        seed=10, start=t0.isoformat().replace("+00:00", "Z"))
     generator = EventGenerator(gen_config)
     tables.create_assignments(spark, INSTANCES)
     append_batches(spark, generator, [0])
