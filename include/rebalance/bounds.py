@@ -83,6 +83,29 @@ def _shed_cost(load: np.ndarray, state: np.ndarray, excess: float) -> float:
     return full
 
 
+def _overloaded_keys(problem: Problem, max_load: float
+                     ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, np.ndarray]]]:
+    """Where every bound starts: the keys forced to move (mask), the instance loads of
+    the other keys, and per instance loaded above ``max_load`` the indices of its keys
+    that may stay (ascending). Only the keys of overloaded instances are sorted, so this
+    stays cheap at 10^6 keys."""
+    forced = problem.must_move()
+    stay = np.flatnonzero(~forced)
+    cur = problem.current[stay]
+    loads = np.bincount(cur, weights=problem.load[stay], minlength=problem.n_instances)
+    over = np.flatnonzero(loads > max_load * (1 + 1e-12))
+    if len(over) == 0:
+        return forced, loads, []
+    is_over = np.zeros(len(loads), dtype=bool)
+    is_over[over] = True
+    sel = np.flatnonzero(is_over[cur])
+    sel = sel[np.argsort(cur[sel], kind="stable")]
+    grouped = cur[sel]
+    starts = np.searchsorted(grouped, over, side="left")
+    ends = np.searchsorted(grouped, over, side="right")
+    return forced, loads, [(int(d), stay[sel[lo:hi]]) for d, lo, hi in zip(over, starts, ends)]
+
+
 def migration_lower_bound(problem: Problem, max_load: float,
                           max_table: int | None = None) -> float:
     """Least state (bytes) any assignment must move so every instance load <= ``max_load``
@@ -97,28 +120,54 @@ def migration_lower_bound(problem: Problem, max_load: float,
         return 0.0
     if float(problem.load.max()) > max_load * (1 + 1e-12):
         return float("inf")
-    forced = problem.must_move()
+    forced, loads, groups = _overloaded_keys(problem, max_load)
     bound = float(problem.state[forced].sum())
-    stay = ~forced
-    cur = problem.current[stay]
-    load = problem.load[stay]
-    state = problem.state[stay]
-    loads = np.bincount(cur, weights=load, minlength=problem.n_instances)
-    over = np.flatnonzero(loads > max_load * (1 + 1e-12))
-    if len(over) == 0:
-        return bound
-    # Keys of overloaded instances only, grouped by instance (stable: key order kept).
-    is_over = np.zeros(len(loads), dtype=bool)
-    is_over[over] = True
-    sel = np.flatnonzero(is_over[cur])
-    sel = sel[np.argsort(cur[sel], kind="stable")]
-    cur_s = cur[sel]
-    starts = np.searchsorted(cur_s, over, side="left")
-    ends = np.searchsorted(cur_s, over, side="right")
-    for d, lo, hi in zip(over, starts, ends):
-        keys = sel[lo:hi]
-        bound += _shed_cost(load[keys], state[keys], float(loads[d] - max_load))
+    for d, keys in groups:
+        bound += _shed_cost(problem.load[keys], problem.state[keys], float(loads[d] - max_load))
     return bound
+
+
+def table_cannot_bind(problem: Problem, max_load: float, max_table: int) -> bool:
+    """True when the table-aware bound (``rebalance.bounds``) equals the plain one, so
+    ``finish_plan`` (``rebalance.planners.base``) can skip its multiplier search (about 1 s at 10^6 keys).
+
+    The plain bound is the optimum of the LP "every overloaded instance sheds its
+    excess", solved by a fractional knapsack per instance that touches, in increasing
+    state per load, only as many keys as cover the excess. If the current table (keys off
+    their default instance, not forced to move) plus every key those knapsacks touch fits
+    in ``max_table``, that optimal solution meets the relaxed table inequality, so the LP
+    with the table inequality has the same optimum and the Lagrangian bound (<= that
+    optimum by weak duality, >= the plain bound by construction) equals it. Returning the
+    plain bound is valid in any case; this only decides when the tighter one cannot help.
+    """
+    forced, loads, groups = _overloaded_keys(problem, max_load)
+    room = int(max_table) - int(((problem.current != problem.default) & ~forced).sum())
+    if room < 0:
+        return False
+    if float(problem.load.max(initial=0.0)) > max_load * (1 + 1e-12):
+        return True  # both bounds are inf
+    if sum(len(keys) for _, keys in groups) <= room:
+        return True
+    touched = 0
+    for d, keys in groups:
+        load = problem.load[keys]
+        excess = float(loads[d] - max_load)
+        ratio = _ratio(problem.state[keys], load)
+        n = len(keys)
+        k = min(n, 256)
+        while True:
+            part = np.argpartition(ratio, k - 1)[:k] if k < n else np.arange(n)
+            part = part[np.argsort(ratio[part], kind="stable")]
+            cum = np.cumsum(load[part])
+            if k >= n or cum[-1] >= excess:
+                break
+            k = min(n, 4 * k)
+        # Keys the knapsack takes: whole ones, plus the fractional one (ties in the ratio
+        # order only change which optimal solution, not how many keys it needs at most k).
+        touched += min(n, int(np.searchsorted(cum, excess, side="left")) + 1)
+        if touched > room:
+            return False
+    return True
 
 
 #: Golden-section steps over the multiplier of the table constraint.
@@ -149,7 +198,7 @@ def _table_bound(problem: Problem, max_load: float, max_table: int) -> float:
     plain = migration_lower_bound(problem, max_load)
     if not np.isfinite(plain) or problem.n_keys == 0:
         return plain
-    forced = problem.must_move()
+    forced, loads, over = _overloaded_keys(problem, max_load)
     active = problem.active
     cur, dft = problem.current, problem.default
     home = (cur == dft) & ~forced
@@ -157,13 +206,9 @@ def _table_bound(problem: Problem, max_load: float, max_table: int) -> float:
     can_leave = table & active[dft]          # table keys that can leave the table (go home)
     room = float(max_table) - float(table.sum())
     sign = np.where(home, 1.0, np.where(can_leave, -1.0, 0.0))
-    stay = ~forced
-    loads = np.bincount(cur[stay], weights=problem.load[stay], minlength=problem.n_instances)
-    over = np.flatnonzero(loads > max_load * (1 + 1e-12))
     on_over = np.zeros(problem.n_keys, dtype=bool)
     groups = []
-    for d in over:
-        keys = np.flatnonzero(stay & (cur == d))
+    for d, keys in over:
         on_over[keys] = True
         groups.append((keys, float(loads[d] - max_load)))
     elsewhere = np.flatnonzero(can_leave & ~on_over)
@@ -290,17 +335,12 @@ def cover_lower_bound(problem: Problem, max_load: float,
         import highspy  # noqa: F401
     except ImportError:  # pragma: no cover
         return None
-    forced = problem.must_move()
+    forced, loads, groups = _overloaded_keys(problem, max_load)
     bound = float(problem.state[forced].sum())
-    stay = np.flatnonzero(~forced)
-    cur = problem.current[stay]
-    loads = np.bincount(cur, weights=problem.load[stay], minlength=problem.n_instances)
-    over = np.flatnonzero(loads > max_load * (1 + 1e-12))
-    if int(np.isin(cur, over).sum()) > COVER_MAX_KEYS:
+    if sum(len(keys) for _, keys in groups) > COVER_MAX_KEYS:
         return None
     deadline = time.perf_counter() + total_seconds
-    for d in over:
-        keys = stay[cur == d]
+    for d, keys in groups:
         load, state = problem.load[keys], problem.state[keys]
         excess = float(loads[d] - max_load)
         frac = _shed_cost(load, state, excess)

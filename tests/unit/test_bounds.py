@@ -134,7 +134,7 @@ def test_finish_plan_skips_the_table_search_only_when_it_cannot_bind(seed):
     the plain LP solution already fits the table) gives the same value as the search."""
     from rebalance.model import PlanParams
     from rebalance.planners import get_planner
-    from rebalance.planners.base import _table_cannot_bind
+    from rebalance.bounds import table_cannot_bind
 
     rng = np.random.default_rng(2000 + seed)
     n, k = int(rng.integers(2, 6)), int(rng.integers(5, 60))
@@ -149,7 +149,7 @@ def test_finish_plan_skips_the_table_search_only_when_it_cannot_bind(seed):
         plain = migration_lower_bound(problem, target)
         for max_table in (0, 2, 5, k // 2, k):
             full = migration_lower_bound(problem, target, max_table)
-            if _table_cannot_bind(problem, target, max_table):
+            if table_cannot_bind(problem, target, max_table):
                 assert full == pytest.approx(plain, rel=1e-9, abs=1e-9)
             params = PlanParams(theta=theta, max_table=max_table)
             plan = get_planner("mixed").plan(problem, params)

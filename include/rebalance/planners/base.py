@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..bounds import _ratio, cover_lower_bound, migration_lower_bound
+from ..bounds import cover_lower_bound, migration_lower_bound, table_cannot_bind
 from ..model import Metrics, Plan, PlanParams, Problem, evaluate
 
 
@@ -67,65 +67,6 @@ def check_limits(problem: Problem, params: PlanParams, metrics: Metrics,
     return reasons
 
 
-def _table_cannot_bind(problem: Problem, max_load: float, max_table: int) -> bool:
-    """True when the table-aware bound (``rebalance.bounds``) equals the plain one, so
-    ``finish_plan`` can skip its multiplier search (about 1 s at 10^6 keys).
-
-    The plain bound is the optimum of the LP "every overloaded instance sheds its
-    excess", solved by a fractional knapsack per instance that touches, in increasing
-    state per load, only as many keys as cover the excess. If the current table (keys off
-    their default instance, not forced to move) plus every key those knapsacks touch fits
-    in ``max_table``, that optimal solution meets the relaxed table inequality, so the LP
-    with the table inequality has the same optimum and the Lagrangian bound (<= that
-    optimum by weak duality, >= the plain bound by construction) equals it. Returning the
-    plain bound is valid in any case; this only decides when the tighter one cannot help.
-    """
-    forced = problem.must_move()
-    stay = ~forced
-    cur = problem.current
-    room = int(max_table) - int(((cur != problem.default) & stay).sum())
-    if room < 0:
-        return False
-    if float(problem.load.max(initial=0.0)) > max_load * (1 + 1e-12):
-        return True  # both bounds are inf
-    load = problem.load[stay]
-    state = problem.state[stay]
-    cur_s = cur[stay]
-    loads = np.bincount(cur_s, weights=load, minlength=problem.n_instances)
-    over = np.flatnonzero(loads > max_load * (1 + 1e-12))
-    if len(over) == 0:
-        return True
-    is_over = np.zeros(len(loads), dtype=bool)
-    is_over[over] = True
-    sel = np.flatnonzero(is_over[cur_s])
-    if len(sel) <= room:
-        return True
-    sel = sel[np.argsort(cur_s[sel], kind="stable")]
-    grouped = cur_s[sel]
-    starts = np.searchsorted(grouped, over, side="left")
-    ends = np.searchsorted(grouped, over, side="right")
-    touched = 0
-    for d, lo, hi in zip(over, starts, ends):
-        keys = sel[lo:hi]
-        excess = float(loads[d] - max_load)
-        ratio = _ratio(state[keys], load[keys])
-        n = len(keys)
-        k = min(n, 256)
-        while True:
-            part = np.argpartition(ratio, k - 1)[:k] if k < n else np.arange(n)
-            part = part[np.argsort(ratio[part], kind="stable")]
-            cum = np.cumsum(load[keys][part])
-            if k >= n or cum[-1] >= excess:
-                break
-            k = min(n, 4 * k)
-        # Keys the knapsack takes: whole ones, plus the fractional one (ties in the ratio
-        # order only change which optimal solution, not how many keys it needs at most k).
-        touched += min(n, int(np.searchsorted(cum, excess, side="left")) + 1)
-        if touched > room:
-            return False
-    return True
-
-
 def finish_plan(method: str, problem: Problem, params: PlanParams, proposal: Proposal,
                 seconds: float, cover_bound: bool = False) -> Plan:
     """Evaluate a proposal into a Plan with metrics, feasibility and lower bound.
@@ -145,7 +86,7 @@ def finish_plan(method: str, problem: Problem, params: PlanParams, proposal: Pro
     table = None
     if params.max_table is not None:
         table = max(int(params.max_table), int(metrics.table_size))
-    if table is not None and _table_cannot_bind(problem, target, table):
+    if table is not None and table_cannot_bind(problem, target, table):
         table = None  # the table-aware bound equals the plain one here; skip its search
     lb = migration_lower_bound(problem, target, max_table=table)
     notes = list(proposal.notes)
