@@ -133,33 +133,28 @@ def live_assignment(spark):
     return tables.read_assignment(spark)
 
 
-class JobStandIn(threading.Thread):
-    """Stands in for the streaming job: when a new assignment version is published, it
-    processes the next window under that assignment and appends its histogram rows."""
+class StandIn(threading.Thread):
+    """A background stand-in for a running component: ``prepare()`` once, then ``step()``
+    every 0.5 s until the ``with`` block ends; an error in it fails the test at exit."""
 
-    def __init__(self, spark, first_window, counts):
+    def __init__(self, spark):
         super().__init__(daemon=True)
         # Own SQL conf: the pipeline sets Delta txn confs on the main session.
         self.spark = spark.newSession()
-        self.next_window = first_window
-        self.counts = counts
         self.stopped = threading.Event()
         self.error = None
 
-    def run(self):
-        from rebalance.spark import tables
+    def prepare(self):
+        """Runs once in the thread before the first step."""
 
-        log = Path(tables.ASSIGNMENTS.path()) / "_delta_log"
-        commits = len(list(log.glob("*.json")))
+    def step(self):
+        raise NotImplementedError
+
+    def run(self):
         try:
+            self.prepare()
             while not self.stopped.wait(0.5):
-                now = len(list(log.glob("*.json")))  # read the table only after a commit
-                if now == commits:
-                    continue
-                commits, live = now, tables.read_assignment(self.spark)
-                write_windows(self.spark, [self.next_window], self.counts, live.version,
-                              live.routing)
-                self.next_window += WINDOW
+                self.step()
         except Exception as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
@@ -171,3 +166,29 @@ class JobStandIn(threading.Thread):
         self.stopped.set()
         self.join(timeout=30)
         assert self.error is None, self.error
+
+
+class JobStandIn(StandIn):
+    """Stands in for the streaming job: when a new assignment version is published, it
+    processes the next window under that assignment and appends its histogram rows."""
+
+    def __init__(self, spark, first_window, counts):
+        super().__init__(spark)
+        self.next_window = first_window
+        self.counts = counts
+
+    def prepare(self):
+        from rebalance.spark import tables
+
+        self.log = Path(tables.ASSIGNMENTS.path()) / "_delta_log"
+        self.commits = len(list(self.log.glob("*.json")))
+
+    def step(self):
+        from rebalance.spark import tables
+
+        now = len(list(self.log.glob("*.json")))  # read the table only after a commit
+        if now == self.commits:
+            return
+        self.commits, live = now, tables.read_assignment(self.spark)
+        write_windows(self.spark, [self.next_window], self.counts, live.version, live.routing)
+        self.next_window += WINDOW

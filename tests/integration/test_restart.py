@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pytest
-from dag_helpers import LIVE, dag, data  # noqa: F401 - dag, data are fixtures
+from dag_helpers import LIVE, StandIn, dag, data  # noqa: F401 - dag, data are fixtures
 
 from rebalance.placement import default_instances
 
@@ -296,42 +296,29 @@ def test_a_failed_restart_is_rolled_back_and_the_previous_assignment_stays(scena
 
 
 # --------------------------------------------------------------------- the DAG side
-class RestartStandIn(threading.Thread):
+class RestartStandIn(StandIn):
     """Stands in for :class:`RestartableJob` in the DAG tests: answers each restart request
     of the ``restarts`` table with the given steps (a real job answers the same way)."""
 
     def __init__(self, spark, steps):
-        super().__init__(daemon=True)
-        self.spark = spark.newSession()  # own SQL conf: the pipeline sets Delta txn confs
+        super().__init__(spark)
         self.answer = steps
-        self.stopped = threading.Event()
-        self.answered, self.error = [], None
+        self.answered = []
 
-    def run(self):
+    def prepare(self):
         from rebalance.pipeline import job_name
         from rebalance.streaming.restart import RestartControl
 
-        control = RestartControl(self.spark, job_name())
-        try:
-            while not self.stopped.wait(0.5):
-                pending = control.pending()
-                if pending is None:
-                    continue
-                for step in self.answer:
-                    detail = {"error": "RestartError: injected"} if step == "failed" else {}
-                    control.record(pending, step, **detail)
-                self.answered.append(pending)
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
+        self.control = RestartControl(self.spark, job_name())
 
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stopped.set()
-        self.join(timeout=30)
-        assert self.error is None, self.error
+    def step(self):
+        pending = self.control.pending()
+        if pending is None:
+            return
+        for step in self.answer:
+            detail = {"error": "RestartError: injected"} if step == "failed" else {}
+            self.control.record(pending, step, **detail)
+        self.answered.append(pending)
 
 
 def test_dag_restart_mode_requests_a_restart_and_waits_for_its_acknowledgement(dag, data,
