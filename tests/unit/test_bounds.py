@@ -82,32 +82,44 @@ def test_subnormal_loads_give_no_overflow_warning_and_a_valid_bound():
     assert bound == pytest.approx(2.0)  # shed the cheapest unit key, never the huge-ratio one
 
 
+def _small_problem(rng, seed: int, max_keys: int, pareto_loads: bool = False) -> Problem:
+    """A random problem small enough to enumerate: 2-3 instances, 2..max_keys-1 keys,
+    keys on a removed instance (seed % 4 == 0) and a drained instance (seed % 7 == 0)."""
+    n, k = int(rng.integers(2, 4)), int(rng.integers(2, max_keys))
+    current = rng.integers(0, n + (1 if seed % 4 == 0 else 0), k)
+    default = np.where(rng.random(k) < 0.5, rng.integers(0, n, k), np.minimum(current, n - 1))
+    drain = frozenset({int(rng.integers(0, n))}) if seed % 7 == 0 else frozenset()
+    load = rng.pareto(1.0, k) + 0.01 if pareto_loads else rng.integers(0, 20, k).astype(float)
+    return Problem(keys=np.array([f"k{i}" for i in range(k)], dtype=object), load=load,
+                   state=rng.integers(0, 60, k).astype(float), current=current,
+                   default=default, n_instances=n, drain=drain)
+
+
+def _every_assignment(problem: Problem):
+    """Instance loads, migration and table size of every assignment to active instances."""
+    import itertools
+
+    rows = np.array(list(itertools.product(np.flatnonzero(problem.active),
+                                           repeat=problem.n_keys)))
+    loads = np.stack([np.bincount(r, weights=problem.load, minlength=problem.n_instances)
+                      for r in rows])
+    migration = (rows != problem.current).astype(float) @ problem.state
+    table = (rows != problem.default).sum(axis=1)
+    return loads, migration, table
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_table_bound_is_valid_and_at_least_the_plain_bound(seed):
     """Brute force: the A_max-aware bound never exceeds the least migration of any plan
     meeting both the load bound and the table bound, and never falls below the plain one."""
-    import itertools
-
-    rng = np.random.default_rng(1000 + seed)
-    n, k = int(rng.integers(2, 4)), int(rng.integers(2, 8))
-    current = rng.integers(0, n + (1 if seed % 4 == 0 else 0), k)
-    default = np.where(rng.random(k) < 0.5, rng.integers(0, n, k), np.minimum(current, n - 1))
-    drain = frozenset({int(rng.integers(0, n))}) if seed % 7 == 0 else frozenset()
-    problem = Problem(keys=np.array([f"k{i}" for i in range(k)], dtype=object),
-                      load=rng.integers(0, 20, k).astype(float),
-                      state=rng.integers(0, 60, k).astype(float), current=current,
-                      default=default, n_instances=n, drain=drain)
+    problem = _small_problem(np.random.default_rng(1000 + seed), seed, max_keys=8)
     if problem.load.sum() == 0:
         return
-    active = np.flatnonzero(problem.active)
-    rows = np.array(list(itertools.product(active, repeat=k)))
-    loads = np.stack([np.bincount(r, weights=problem.load, minlength=n) for r in rows])
-    migration = (rows != problem.current).astype(float) @ problem.state
-    table = (rows != problem.default).sum(axis=1)
+    loads, migration, table = _every_assignment(problem)
     for theta in (0.0, 0.2, 1.0):
         target = max((1 + theta) * problem.mean_load(), float(problem.load.max()))
         plain = migration_lower_bound(problem, target)
-        for max_table in range(0, k + 1):
+        for max_table in range(0, problem.n_keys + 1):
             ok = (loads.max(axis=1) <= target * (1 + 1e-9)) & (table <= max_table)
             bound = migration_lower_bound(problem, target, max_table)
             assert bound >= plain - 1e-9
@@ -185,24 +197,11 @@ def test_cover_bound_is_valid_and_at_least_the_plain_bound(seed):
     """Brute force over every assignment: the integer knapsack-cover bound never exceeds
     the least migration of a plan meeting the load bound (with or without a table bound,
     which it ignores), and it is never below the fractional (combinatorial) bound."""
-    import itertools
-
-    rng = np.random.default_rng(3000 + seed)
-    n, k = int(rng.integers(2, 4)), int(rng.integers(2, 9))
-    current = rng.integers(0, n + (1 if seed % 4 == 0 else 0), k)
-    default = np.where(rng.random(k) < 0.5, rng.integers(0, n, k), np.minimum(current, n - 1))
-    drain = frozenset({int(rng.integers(0, n))}) if seed % 7 == 0 else frozenset()
-    load = rng.integers(0, 20, k).astype(float) if seed % 2 else rng.pareto(1.0, k) + 0.01
-    problem = Problem(keys=np.array([f"k{i}" for i in range(k)], dtype=object), load=load,
-                      state=rng.integers(0, 60, k).astype(float), current=current,
-                      default=default, n_instances=n, drain=drain)
+    problem = _small_problem(np.random.default_rng(3000 + seed), seed, max_keys=9,
+                             pareto_loads=seed % 2 == 0)
     if problem.load.sum() == 0:
         return
-    active = np.flatnonzero(problem.active)
-    rows = np.array(list(itertools.product(active, repeat=k)))
-    loads = np.stack([np.bincount(r, weights=problem.load, minlength=n) for r in rows])
-    migration = (rows != problem.current).astype(float) @ problem.state
-    table = (rows != problem.default).sum(axis=1)
+    loads, migration, table = _every_assignment(problem)
     for theta in (0.0, 0.1, 0.3, 1.0):
         target = max((1 + theta) * problem.mean_load(), float(problem.load.max()))
         plain = migration_lower_bound(problem, target)
@@ -211,7 +210,7 @@ def test_cover_bound_is_valid_and_at_least_the_plain_bound(seed):
         ok = loads.max(axis=1) <= target * (1 + 1e-9)
         if ok.any():
             assert whole <= migration[ok].min() * (1 + 1e-9) + 1e-9
-        for max_table in range(0, k + 1):
+        for max_table in range(0, problem.n_keys + 1):
             ok_t = ok & (table <= max_table)
             if ok_t.any():
                 best = migration[ok_t].min() * (1 + 1e-9) + 1e-9
