@@ -16,7 +16,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup check-prereqs test test-unit demo bench constraints clean
+.PHONY: help setup check-prereqs test test-unit demo bench up down status constraints clean
 
 help:
 	@echo "make setup      create .venv, install requirements, fetch Delta JARs, init Airflow"
@@ -24,6 +24,9 @@ help:
 	@echo "make test-unit  setup, then run the fast unit tests only"
 	@echo "make demo       setup, then run the end-to-end demo on local Spark, Delta and Airflow"
 	@echo "make bench      run the planning benchmark"
+	@echo "make up         start the whole service in the background (Airflow UI, Spark Connect, job, generator)"
+	@echo "make down       stop everything make up started"
+	@echo "make status     say what of the service runs"
 
 setup: check-prereqs $(VENV)/.installed $(JARS)/.complete $(AIRFLOW_HOME)/.initialised
 
@@ -59,6 +62,15 @@ demo: setup
 
 bench: setup
 	$(PY) include/benchmarks/plan_benchmark.py
+
+up: setup
+	$(PY) -m rebalance.cli service up
+
+down:
+	@if [ -x $(PY) ]; then $(PY) -m rebalance.cli service down; else echo "nothing to stop (no .venv)"; fi
+
+status:
+	@$(PY) -m rebalance.cli service status
 
 # Regenerate the transitive pins after changing requirements.txt.
 constraints: | $(PY)

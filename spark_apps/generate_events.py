@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rebalance.spark.tables import EVENTS, TableError
+from rebalance.spark.tables import EVENTS, TableError, ensure_table
 from rebalance.streaming.apps import add_spark_options, spark_from_args
 from rebalance.streaming.generator import (
-    EventGenerator, GeneratorConfig, GeneratorError, append_batches, next_batch)
+    EventGenerator, GeneratorConfig, GeneratorError, append_batches, follow, follow_start, next_batch)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,14 +39,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="log-normal shape of per-event cost, mean 1 (0: every cost is 1)")
     p.add_argument("--malformed-fraction", type=float, default=d.malformed_fraction)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--start-time", default=d.start, help="event time of batch 0 (ISO-8601)")
+    p.add_argument("--start-time", help="event time of batch 0 (ISO-8601; default "
+                   f"{d.start}, with --follow: the recorded one, else now)")
+    p.add_argument("--follow", action="store_true",
+                   help="run forever, appending each batch in real time once its events are "
+                        "due (the service's live source); --batches is then ignored")
     add_spark_options(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.batches < 1:
+    if args.batches < 1 and not args.follow:
         print("error: --batches must be >= 1", file=sys.stderr)
         return 2
     try:
@@ -55,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             batch_seconds=args.batch_seconds, fluctuation=args.fluctuation,
             interval_batches=args.interval_batches, n_instances=args.instances,
             cost_sigma=args.cost_sigma, malformed_fraction=args.malformed_fraction,
-            seed=args.seed, start=args.start_time)
+            seed=args.seed, start=args.start_time or GeneratorConfig().start)
         spark = spark_from_args(args, "rebalance-generate-events")
+        if args.follow:
+            return _follow(spark, config, args)
         first = (args.start_batch if args.start_batch is not None
                  else next_batch(spark, config, args.tables_root))
         written = append_batches(spark, EventGenerator(config),
@@ -66,6 +72,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"appended batches {written[0]}..{written[-1]} "
           f"({config.events_per_batch} events each) to {EVENTS.path(args.tables_root)}")
+    return 0
+
+
+def _follow(spark, config: GeneratorConfig, args: argparse.Namespace) -> int:
+    import dataclasses
+
+    if not args.start_time:
+        config = dataclasses.replace(config, start=follow_start(spark, config, args.tables_root))
+    ensure_table(spark, EVENTS, args.tables_root)  # the job may start before the first batch
+    print(f"following: {config.events_per_batch} events every {config.batch_seconds:g} s from "
+          f"{config.start} into {EVENTS.path(args.tables_root)}", flush=True)
+    try:
+        follow(spark, config, args.tables_root,
+               on_batch=lambda b: print(f"batch {b} appended", flush=True) if b % 12 == 0 else None)
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
     return 0
 
 

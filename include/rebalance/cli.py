@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "plan_cli",
     "audit",
     "evaluation.cli",
+    "service",
 )
 
 

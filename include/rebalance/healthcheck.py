@@ -24,9 +24,8 @@ class RoundTrip:
 
 def delta_round_trip(path: str | Path | None = None, spark=None) -> RoundTrip:
     """Write a small Delta table twice with commit metadata, read it and its history back."""
-    from delta.tables import DeltaTable
-
     from .spark.session import get_spark
+    from .spark.tables import sql_name
 
     spark = spark or get_spark("rebalance-healthcheck")
     path = str(path or data_dir() / "healthcheck" / uuid.uuid4().hex)
@@ -35,7 +34,7 @@ def delta_round_trip(path: str | Path | None = None, spark=None) -> RoundTrip:
         meta = json.dumps({"check": "delta_round_trip", "step": version})
         df.write.format("delta").mode(mode).option("userMetadata", meta).save(path)
     rows = spark.read.format("delta").load(path).count()
-    history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
+    history = spark.sql(f"DESCRIBE HISTORY {sql_name(path)}").orderBy("version").collect()
     return RoundTrip(
         path=path,
         rows=rows,

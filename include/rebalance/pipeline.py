@@ -380,7 +380,6 @@ def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: 
 
 def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dict[str, Any]]]:
     """Latest key_histograms version and the last ``lookback`` windows starting in the interval."""
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     from .spark import tables
@@ -388,7 +387,7 @@ def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dic
     if not tables.exists(spark, tables.KEY_HISTOGRAMS):
         raise RunSkipped(f"no key histograms stored yet at {tables.KEY_HISTOGRAMS.path()}")
     path = tables.KEY_HISTOGRAMS.path()
-    version = int(DeltaTable.forPath(spark, path).history(1).collect()[0].version)
+    version = int(tables.history(spark, tables.KEY_HISTOGRAMS, limit=1)[0].version)
     df = tables.read(spark, tables.KEY_HISTOGRAMS, version=version)
     if run.end is not None:
         df = df.where(F.col("window_start") < F.lit(run.end))
@@ -556,6 +555,18 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
              plan_id, p.method, metrics["imbalance_before"], metrics["imbalance_after"],
              metrics["moved_keys"], 100 * metrics["migration_fraction"])
     return {**detected, "plan": record.summary()}
+
+
+# ------------------------------------------------------------------- rollback
+def propose_rollback(to_version: int, dry_run: bool = False) -> dict[str, Any]:
+    """The ``rebalance_rollback`` DAG's first task: store the plan restoring ``to_version``
+    (:func:`rebalance.audit.propose_rollback`); then validate, publish and apply as any plan."""
+    from .audit import propose_rollback as propose
+
+    try:
+        return propose(spark_session(), int(to_version), dry_run=dry_run)
+    except (LookupError, ValueError) as exc:
+        raise InvalidParams(f"cannot roll back to assignment version {to_version}: {exc}") from None
 
 
 # ------------------------------------------------------------------- validate

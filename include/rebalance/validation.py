@@ -137,6 +137,23 @@ def _metric_expectations(limits: PlanLimits) -> list:
     return exps
 
 
+def expectation_results(suite: str, result) -> list[dict[str, Any]]:
+    """Every expectation of a GX validation result: suite, type, arguments, success and
+    what was seen (stored with the plan, shown by the Rebalance view)."""
+    out = []
+    for r in result.results:
+        cfg = r.expectation_config
+        detail = r.result or {}
+        seen = detail.get("partial_unexpected_list") or detail.get("observed_value")
+        out.append({
+            "suite": suite, "expectation": cfg.type, "success": bool(r.success),
+            "kwargs": {k: v for k, v in cfg.kwargs.items() if k != "batch_id"},
+            "unexpected_count": detail.get("unexpected_count"),
+            "seen": seen[:5] if isinstance(seen, list) else seen,
+        })
+    return out
+
+
 def _describe(result) -> list[str]:
     out = []
     for r in result.results:
@@ -174,5 +191,7 @@ def validate_plan(frame: pd.DataFrame, metrics: dict[str, Any], limits: PlanLimi
     stats = {"evaluated_expectations": sum(r.statistics["evaluated_expectations"] for r in results),
              "unsuccessful_expectations": sum(r.statistics["unsuccessful_expectations"]
                                               for r in results)}
+    stats["expectations"] = [e for suite, r in zip(("assignment", "plan_metrics"), results)
+                             for e in expectation_results(suite, r)]
     failures = [f for r in results for f in _describe(r)]
     return ValidationResult(not failures, failures, stats)

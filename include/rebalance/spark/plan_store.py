@@ -274,13 +274,6 @@ def delta_txn(spark, app_id: str | None, version: int | None, metadata: str | No
                 spark.conf.unset(key)
 
 
-def _literal(value: Any, data_type):
-    """A Spark literal column of the given type."""
-    from pyspark.sql import functions as F
-
-    return F.lit(value).cast(data_type)
-
-
 def _sql_str(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("'", "\\'")
 
@@ -297,23 +290,21 @@ class PlanStore:
     def path(self, table: Table = PLANS) -> str:
         return table.path(self.root)
 
-    def table(self, table: Table):
-        """The Delta table, created on first use (the control table with its lease rows)."""
-        from delta.tables import DeltaTable
-
+    def ensure(self, table: Table) -> None:
+        """Create the Delta table on first use (the control table with its lease rows)."""
         if table.name not in self._ready:
             if not tables.exists(self.spark, table, self.root):
                 tables.ensure_table(self.spark, table, self.root)
                 if table is CONTROL:
                     self._add_leases([APPLY_LEASE])
             self._ready.add(table.name)
-        return DeltaTable.forPath(self.spark, self.path(table))
 
     def df(self, table: Table):
         """The table's rows; an empty frame of its schema when it was never written."""
         if table.name not in self._ready and not tables.exists(self.spark, table, self.root):
             return self.spark.createDataFrame([], table.schema)
-        return self.table(table).toDF()
+        self.ensure(table)
+        return self.spark.read.format("delta").load(self.path(table))
 
     def _add_leases(self, names: list[str]) -> None:
         rows = [(name, None, None, None) for name in names]
@@ -368,7 +359,7 @@ class PlanStore:
         record.created_at = record.updated_at = utcnow()
         meta = {"action": "propose", **record.commit_values()}
         self._write_frame(record.plan_id, frame, meta)
-        self.table(PLANS)
+        self.ensure(PLANS)
         tables.append(self.spark.createDataFrame([record.to_row()], PLANS.schema), PLANS,
                       self.root, metadata=meta,
                       txn=(record.plan_id, STATUS_ORDER[PlanStatus.PROPOSED]))
@@ -391,11 +382,11 @@ class PlanStore:
         record.status = status.value
         record.updated_at = utcnow()
         row = record.to_row()
-        types = {f.name: f.dataType for f in PLANS.schema.fields}
-        values = {f"`{c}`": _literal(row[c], types[c]) for c in ("status", "updated_at", *changes)}
+        values = {c: row[c] for c in ("status", "updated_at", *changes)}
+        self.ensure(PLANS)
         with delta_txn(self.spark, plan_id, STATUS_ORDER[status],
                        commit_metadata(action=action, **record.commit_values())):
-            self.table(PLANS).update(f"plan_id = '{_sql_str(plan_id)}'", values)
+            tables.update(self.spark, PLANS, f"plan_id = '{_sql_str(plan_id)}'", values, self.root)
         return record
 
     # ------------------------------------------------------- assignment frames
@@ -408,7 +399,7 @@ class PlanStore:
         for c in ("load", "state"):
             pdf[c] = pdf[c].astype("float64")
         pdf["moved"] = pdf["moved"].astype(bool)
-        self.table(PLAN_ASSIGNMENTS)
+        self.ensure(PLAN_ASSIGNMENTS)
         tables.append(self.spark.createDataFrame(pdf, PLAN_ASSIGNMENTS.schema), PLAN_ASSIGNMENTS,
                       self.root, metadata=meta, txn=(f"{plan_id}:frame", 1))
 
@@ -426,17 +417,16 @@ class PlanStore:
         two racing acquirers conflict, and the loser then reads the winner as holder.
         Re-acquiring one's own lease succeeds (retries).
         """
-        from pyspark.sql import functions as F
-
         now = utcnow()
         free = (f"name = '{_sql_str(name)}' AND (holder IS NULL OR holder = '{_sql_str(holder)}' "
                 f"OR expires_at < to_timestamp('{now.strftime('%Y-%m-%d %H:%M:%S')}'))")
+        self.ensure(CONTROL)
         try:
             with delta_txn(self.spark, None, None,
                            commit_metadata(action="acquire", lease=name, holder=holder)):
-                self.table(CONTROL).update(free, {
-                    "holder": F.lit(holder), "acquired_at": F.lit(now),
-                    "expires_at": F.lit(now + dt.timedelta(seconds=ttl_seconds))})
+                tables.update(self.spark, CONTROL, free, {
+                    "holder": holder, "acquired_at": now,
+                    "expires_at": now + dt.timedelta(seconds=ttl_seconds)}, self.root)
         except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
             if "Concurrent" not in f"{type(exc).__name__} {str(exc)[:500]}":
                 raise
@@ -444,11 +434,12 @@ class PlanStore:
 
     def release(self, name: str, holder: str) -> None:
         """Give the lease back (only its holder can; no commit if not held)."""
+        self.ensure(CONTROL)
         with delta_txn(self.spark, None, None,
                        commit_metadata(action="release", lease=name, holder=holder)):
-            self.table(CONTROL).update(
-                f"name = '{_sql_str(name)}' AND holder = '{_sql_str(holder)}'",
-                {"holder": "NULL", "expires_at": "NULL"})
+            tables.update(self.spark, CONTROL,
+                          f"name = '{_sql_str(name)}' AND holder = '{_sql_str(holder)}'",
+                          {"holder": None, "expires_at": None}, self.root)
 
     def lease_holder(self, name: str) -> str | None:
         """Holder of the named lease while it is live, else None."""

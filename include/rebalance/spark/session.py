@@ -15,6 +15,14 @@ Delta JARs come from the project-local folder filled by ``make jars``
 (``REBALANCE_JARS_DIR``), or from ``spark.jars.packages`` when the user opts in
 with ``REBALANCE_SPARK_PACKAGES=1`` (needs network access to a Maven mirror).
 
+With ``REBALANCE_SPARK_REMOTE=sc://host:port`` (and no ``master=`` argument) it
+returns a Spark Connect session instead: the control plane's thin client of the
+Spark Connect server that ``make up`` starts. The same functions run on both.
+
+The driver JVM logs through ``log4j2.properties`` next to this module: Spark's
+INFO/WARN lines go to ``$REBALANCE_DATA_DIR/logs/spark-<app>.log``, only ERROR
+reaches stderr.
+
 >>> spark = get_spark("my-app", conf={"spark.sql.shuffle.partitions": "4"})  # doctest: +SKIP
 """
 
@@ -81,12 +89,15 @@ def session_conf(app_name: str, master: str | None = None,
         "spark.ui.showConsoleProgress": "false",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
     }
+    java_options = [log4j_options(app_name)]
     if "spark.master" not in submitted:
         settings["spark.master"] = "local[*]"
         # Small local jobs: a few shuffle partitions instead of 200.
         settings["spark.sql.shuffle.partitions"] = "4"
-        settings["spark.driver.extraJavaOptions"] = f"-Dderby.system.home={data / 'derby'}"
-    settings.update(submitted)
+        java_options.append(f"-Dderby.system.home={data / 'derby'}")
+    settings["spark.driver.extraJavaOptions"] = " ".join(
+        [*java_options, submitted.get("spark.driver.extraJavaOptions", "")]).strip()
+    settings.update({k: v for k, v in submitted.items() if k != "spark.driver.extraJavaOptions"})
     settings.update(parse_conf(os.environ.get("REBALANCE_SPARK_CONF")))
     if os.environ.get("REBALANCE_SPARK_MASTER"):
         settings["spark.master"] = os.environ["REBALANCE_SPARK_MASTER"]
@@ -95,6 +106,23 @@ def session_conf(app_name: str, master: str | None = None,
         settings["spark.master"] = master
     _add_delta_jars(settings)
     return settings
+
+
+#: Log4j 2 configuration of the project's JVMs: WARN and below to a file, ERROR to stderr.
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+
+
+def spark_log_file(app_name: str) -> Path:
+    """Where the JVM of ``app_name`` logs (``$REBALANCE_DATA_DIR/logs/spark-<app>.log``)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in app_name)
+    return data_dir() / "logs" / f"spark-{safe}.log"
+
+
+def log4j_options(app_name: str) -> str:
+    """Driver JVM options that install :data:`LOG4J_CONFIG`, logging to :func:`spark_log_file`."""
+    log_file = spark_log_file(app_name)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    return f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} -Drebalance.spark.log={log_file}"
 
 
 def _add_delta_jars(settings: dict[str, str]) -> None:
@@ -123,6 +151,9 @@ def get_spark(app_name: str = "rebalance", master: str | None = None,
     """
     from pyspark.sql import SparkSession
 
+    remote = os.environ.get("REBALANCE_SPARK_REMOTE")
+    if remote and not master:
+        return remote_session(remote, conf)
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -135,4 +166,17 @@ def get_spark(app_name: str = "rebalance", master: str | None = None,
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("REBALANCE_SPARK_LOG_LEVEL", "WARN"))
+    return spark
+
+
+def remote_session(url: str, conf: Mapping[str, str] | None = None):
+    """A Spark Connect session on ``url`` (``sc://host:port``), e.g. the server ``make up``
+    starts (:mod:`rebalance.service`): a thin client, no JVM in this process. The server
+    carries the project's static settings (Delta, UTC); ``conf`` holds runtime SQL settings.
+    """
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    for key, value in (conf or {}).items():
+        spark.conf.set(key, str(value))
     return spark

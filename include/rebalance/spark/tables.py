@@ -37,7 +37,7 @@ import uuid
 from numbers import Integral
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -173,24 +173,76 @@ class Commit:
 
 # --------------------------------------------------------------------------- generic I/O
 
-def exists(spark: SparkSession, table: Table, root: str | Path | None = None) -> bool:
-    """Whether the table exists (as a Delta table) under ``root``."""
-    from delta.tables import DeltaTable
+def sql_name(table: Table | str, root: str | Path | None = None) -> str:
+    """The table as a SQL identifier, ``delta.`<path>```: one way to name a table that
+    works on a classic session and on Spark Connect alike (no ``DeltaTable`` API, which
+    Connect only offers with Delta's server plugin)."""
+    path = table if isinstance(table, str) else table.path(root)
+    return "delta.`" + str(path).replace("`", "``") + "`"
 
-    return DeltaTable.isDeltaTable(spark, table.path(root))
+
+def exists(spark: SparkSession, table: Table, root: str | Path | None = None) -> bool:
+    """Whether the table exists (as a Delta table) under ``root``.
+
+    A local path is checked on the file system (no Spark round trip); a URI (``s3a://``,
+    ``hdfs://`` ...) by asking Delta for the table's details.
+    """
+    path = table.path(root)
+    scheme, sep, rest = str(path).partition("://")
+    if not sep or scheme == "file":
+        log = Path(rest if sep else path) / "_delta_log"
+        return log.is_dir() and any(log.glob("*.json"))
+    try:
+        spark.sql(f"DESCRIBE DETAIL {sql_name(path)}").collect()
+    except Exception:  # noqa: BLE001 - Delta's "not a Delta table" / path-not-found errors
+        return False
+    return True
 
 
 def ensure_table(spark: SparkSession, table: Table, root: str | Path | None = None,
                  properties: Mapping[str, str] | None = None) -> str:
     """Create the table if it does not exist (version 0, no rows); return its path."""
-    from delta.tables import DeltaTable
-
     path = table.path(root)
-    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(table.schema)
-    for key, value in {**table.properties, **(properties or {})}.items():
-        builder = builder.property(key, value)
-    builder.execute()
+    props = {**table.properties, **(properties or {})}
+    ddl = f"CREATE TABLE IF NOT EXISTS {sql_name(path)} ({table.schema_ddl}) USING delta"
+    if props:
+        ddl += " TBLPROPERTIES (" + ", ".join(
+            f"{sql_literal(k)} = {sql_literal(str(v))}" for k, v in props.items()) + ")"
+    spark.sql(ddl)
     return path
+
+
+def sql_literal(value: Any, sql_type: str | None = None) -> str:
+    """``value`` as a SQL literal (of ``sql_type`` when given, e.g. ``"TIMESTAMP"``)."""
+    if value is None or (isinstance(value, float) and value != value and sql_type is None):
+        return f"CAST(NULL AS {sql_type})" if sql_type else "NULL"
+    if isinstance(value, bool):
+        text = "TRUE" if value else "FALSE"
+    elif isinstance(value, datetime):
+        stamp = (value.astimezone(timezone.utc).replace(tzinfo=None)
+                 if value.tzinfo is not None else value)
+        text = f"TIMESTAMP '{stamp.isoformat(sep=' ')}'"
+    elif isinstance(value, float):
+        text = f"CAST('{value!r}' AS DOUBLE)" if value != value or value in (
+            float("inf"), float("-inf")) else repr(value)
+    elif isinstance(value, Integral):
+        text = str(int(value))
+    else:
+        text = "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return f"CAST({text} AS {sql_type})" if sql_type else text
+
+
+def update(spark: SparkSession, table: Table, condition: str, values: Mapping[str, Any],
+           root: str | Path | None = None) -> None:
+    """``UPDATE`` the rows matching ``condition`` (SQL) with ``values`` (column -> Python
+    value, typed by the table's schema); one Delta commit, annotated by the caller's
+    session settings (``plan_store.delta_txn``)."""
+    types = {f.name: f.dataType.simpleString().upper() for f in table.schema.fields}
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise TableError(f"table {table.name!r} has no column(s) {unknown}")
+    assignments = ", ".join(f"`{c}` = {sql_literal(v, types[c])}" for c, v in values.items())
+    spark.sql(f"UPDATE {sql_name(table, root)} SET {assignments} WHERE {condition}")
 
 
 def conform(df: DataFrame, table: Table) -> DataFrame:
@@ -237,12 +289,10 @@ def read(spark: SparkSession, table: Table, root: str | Path | None = None,
 def history(spark: SparkSession, table: Table, root: str | Path | None = None,
             limit: int | None = None) -> list[Commit]:
     """The table's commits, newest first, with userMetadata parsed as JSON (``{}`` if none)."""
-    from delta.tables import DeltaTable
-
     if not exists(spark, table, root):
         raise TableError(f"table {table.name!r} does not exist at {table.path(root)}")
-    hist = DeltaTable.forPath(spark, table.path(root)).history(limit)
-    rows = hist.select("version", "timestamp", "operation", "userMetadata").collect()
+    query = f"DESCRIBE HISTORY {sql_name(table, root)}" + (f" LIMIT {int(limit)}" if limit else "")
+    rows = spark.sql(query).select("version", "timestamp", "operation", "userMetadata").collect()
     return [Commit(r.version, r.timestamp, r.operation, _parse_metadata(r.userMetadata))
             for r in sorted(rows, key=lambda r: -r.version)]
 
@@ -260,9 +310,7 @@ def _parse_metadata(text: str | None) -> dict[str, Any]:
 def table_property(spark: SparkSession, table: Table, name: str,
                    root: str | Path | None = None) -> str | None:
     """A table property (``TBLPROPERTIES``), or None when it is not set."""
-    from delta.tables import DeltaTable
-
-    props = DeltaTable.forPath(spark, table.path(root)).detail().select("properties").first()[0]
+    props = spark.sql(f"DESCRIBE DETAIL {sql_name(table, root)}").select("properties").first()[0]
     return props.get(name)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -245,3 +246,59 @@ def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
                       txn=(f"generator-{config.fingerprint()}", b))
         written.append(b)
     return written
+
+
+def follow(spark, config: GeneratorConfig, root: str | Path | None = None,
+           stop=None, clock=time.time, on_batch=None) -> None:
+    """Append batches in real time, forever (until ``stop`` is set): batch ``b`` is appended
+    once the wall clock passed its last event time, ``start + (b + 1) * batch_seconds``.
+
+    ``config.start`` is the event time of batch 0 (the service keeps it across restarts,
+    so the stream stays one pure function of the options). After a pause (the service was
+    down) it resumes at the batch of the current time: the stream has a gap, as a real
+    source would, rather than a burst of old events.
+    """
+    import threading
+
+    stop = stop or threading.Event()
+    generator = EventGenerator(config)
+    start = _parse_start(config.start)
+    step = config.batch_seconds
+    batch = max(next_batch(spark, config, root), int((clock() - start) // step))
+    while not stop.is_set():
+        due = start + (batch + 1) * step
+        if clock() < due:
+            stop.wait(min(due - clock(), step))
+            continue
+        append_batches(spark, generator, [batch], root)
+        if on_batch is not None:
+            on_batch(batch)
+        batch = max(batch + 1, int((clock() - start) // step) - 1)
+
+
+def _parse_start(text: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def follow_start(spark, config: GeneratorConfig, root: str | Path | None = None,
+                 now: float | None = None) -> str:
+    """The event time of batch 0 for :func:`follow`: the one recorded in ``events`` by an
+    earlier run with the same other options (so a restarted service continues the same
+    stream), else the current time rounded down to a batch."""
+    import datetime as dt
+
+    from ..spark import tables
+
+    if tables.exists(spark, tables.EVENTS, root):
+        mine = {k: v for k, v in config.to_dict().items() if k != "start"}
+        for commit in tables.history(spark, tables.EVENTS, root, limit=20):
+            recorded = dict(commit.metadata.get("config") or {})
+            if commit.metadata.get("kind") == COMMIT_KIND and recorded.get("start"):
+                if {k: v for k, v in recorded.items() if k != "start"} == mine:
+                    return str(recorded["start"])
+                break
+    now = time.time() if now is None else now
+    start = now - now % config.batch_seconds
+    return dt.datetime.fromtimestamp(start, dt.timezone.utc).isoformat().replace("+00:00", "Z")
