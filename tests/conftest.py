@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow"))
+# The tests run Airflow in a home of their own, never the user's .airflow (whose UI shows
+# the user's runs): a fresh folder per test session, its database migrated on first use.
+TEST_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="rebalance-test-airflow-"))
+os.environ["AIRFLOW_HOME"] = str(TEST_AIRFLOW_HOME)
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(REPO / "plugins"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
@@ -28,3 +35,20 @@ def spark(tmp_path_factory):
     session = get_spark("rebalance-tests", master="local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """The test session's Airflow home with a migrated SQLite database (about 5 s, once)."""
+    marker = TEST_AIRFLOW_HOME / ".initialised"
+    if not marker.exists():
+        airflow = str(Path(sys.executable).with_name("airflow"))
+        done = subprocess.run([airflow, "db", "migrate"], capture_output=True, text=True,
+                              env=dict(os.environ))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        marker.touch()
+    return TEST_AIRFLOW_HOME
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(TEST_AIRFLOW_HOME, ignore_errors=True)

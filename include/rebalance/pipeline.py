@@ -40,6 +40,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -356,6 +357,13 @@ def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: 
     n_instances = tables.assignments_n_instances(spark)
     version, windows = _interval_windows(spark, run, p.lookback_windows)
     valid = [w for w in windows if w["events"] > 0]
+    deadline = time.monotonic() + windows_wait_seconds()
+    while len(valid) < p.min_windows and not run.is_backfill and time.monotonic() < deadline:
+        # The job writes a window once the watermark passed it: give a lagging job the
+        # time the service allows (REBALANCE_WINDOWS_WAIT_SECONDS) before skipping.
+        time.sleep(WINDOWS_POLL_SECONDS)
+        version, windows = _interval_windows(spark, run, p.lookback_windows)
+        valid = [w for w in windows if w["events"] > 0]
     where = f"[{run.data_interval_start}, {run.data_interval_end})"
     if len(valid) < p.min_windows:
         raise RunSkipped(f"too few valid windows: {len(valid)} with events in {where}, "
@@ -378,6 +386,20 @@ def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: 
     return {"run": run.to_dict(), "params": p.to_dict(), "inputs": inputs}
 
 
+#: How often ``windows`` looks again for the interval's windows while it waits.
+WINDOWS_POLL_SECONDS = 5.0
+
+
+def windows_wait_seconds() -> float:
+    """How long ``windows`` waits for ``min_windows`` windows of the interval to be written
+    before it skips the run (``REBALANCE_WINDOWS_WAIT_SECONDS``, default 0: no wait). The
+    service sets it: a scheduled run starts at the end of its interval, while the job
+    writes the interval's last windows only once its watermark passed them."""
+    import os
+
+    return float(os.environ.get("REBALANCE_WINDOWS_WAIT_SECONDS", "0") or 0)
+
+
 def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dict[str, Any]]]:
     """Latest key_histograms version and the last ``lookback`` windows starting in the interval."""
     from pyspark.sql import functions as F
@@ -386,7 +408,6 @@ def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dic
 
     if not tables.exists(spark, tables.KEY_HISTOGRAMS):
         raise RunSkipped(f"no key histograms stored yet at {tables.KEY_HISTOGRAMS.path()}")
-    path = tables.KEY_HISTOGRAMS.path()
     version = int(tables.history(spark, tables.KEY_HISTOGRAMS, limit=1)[0].version)
     df = tables.read(spark, tables.KEY_HISTOGRAMS, version=version)
     if run.end is not None:

@@ -156,6 +156,9 @@ def airflow_env(s: Settings) -> dict[str, str]:
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "20",
         "REBALANCE_SCHEDULE": s.schedule,
         "REBALANCE_SPARK_REMOTE": s.connect_url,
+        # A scheduled run starts as its interval ends; the job writes the interval's last
+        # windows once its watermark passed them.
+        "REBALANCE_WINDOWS_WAIT_SECONDS": "90",
     })
     return env
 
@@ -255,7 +258,8 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def alive(record: Record) -> bool:
-    return _start_ticks(record.pid) == record.start_ticks
+    """The recorded process still runs (same pid and start time, not a zombie)."""
+    return _start_ticks(record.pid) == record.start_ticks and _running(record.pid)
 
 
 def _children(pid: int) -> list[int]:
@@ -293,16 +297,18 @@ def _group_members(pgid: int) -> list[int]:
 class Service:
     """Start, stop and report the service's processes by their recorded ids."""
 
-    def __init__(self, settings: Settings | None = None, out=print) -> None:
+    def __init__(self, settings: Settings | None = None, out=print, parts=None) -> None:
         self.s = settings or Settings()
         self.out = out
+        #: ``Settings -> list[Component]`` (tests start stand-in processes through it).
+        self.parts = parts or components
 
     def record_path(self, name: str) -> Path:
         return self.s.pids / f"{name}.json"
 
     def records(self) -> dict[str, Record]:
         found = {}
-        for c in components(self.s):
+        for c in self.parts(self.s):
             rec = Record.load(self.record_path(c.name))
             if rec is not None:
                 found[c.name] = rec
@@ -313,9 +319,10 @@ class Service:
         """Start every component that is not running; return the names started."""
         for folder in (self.s.pids, self.s.logs, self.s.airflow_home):
             folder.mkdir(parents=True, exist_ok=True)
-        self._migrate_airflow_db()
+        if self.parts is components:
+            self._migrate_airflow_db()
         started = []
-        for comp in components(self.s):
+        for comp in self.parts(self.s):
             rec = Record.load(self.record_path(comp.name))
             if rec is not None and alive(rec):
                 self.out(f"{comp.name:14s} already running (pid {rec.pid})")
@@ -408,7 +415,7 @@ class Service:
     def down(self) -> list[str]:
         """Stop every recorded process (reverse start order); return the names stopped."""
         stopped = []
-        for comp in reversed(components(self.s)):
+        for comp in reversed(self.parts(self.s)):
             path = self.record_path(comp.name)
             rec = Record.load(path)
             if rec is None:
@@ -436,7 +443,7 @@ class Service:
     def status(self) -> dict[str, str]:
         """Component -> "running (pid N)" / "stopped" / "dead (pid N was recorded)"."""
         out = {}
-        for comp in components(self.s):
+        for comp in self.parts(self.s):
             rec = Record.load(self.record_path(comp.name))
             if rec is None:
                 out[comp.name] = "stopped"

@@ -35,7 +35,7 @@ def load_dag():
 
 
 @pytest.fixture(scope="module")
-def dag(spark):
+def dag(spark, airflow_db):
     from rebalance.pipeline import spark_session
 
     spark_session()  # the DAG's session settings, for the seeding below too

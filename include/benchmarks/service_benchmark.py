@@ -1,0 +1,138 @@
+"""Per-task durations of ``rebalance`` DAG runs under the real scheduler, from Airflow's REST API.
+
+    make up                                                   # the service, on its defaults
+    .venv/bin/python include/benchmarks/service_benchmark.py --runs 6
+
+Triggers ``--runs`` runs one after another through the REST API (``force``, so every run
+plans, and ``apply_mode=dry-run``, so no run changes the live assignment: each goes
+``windows -> detect -> plan -> validate -> publish`` and stores a what-if plan), waits for
+each, then reads every task instance's start and end and prints, per run, each task's
+duration and the span from ``windows``' start to ``publish``'s end; then the median and
+the worst of each. ``--existing`` only reads the runs already there (e.g. scheduled ones).
+
+Targets (issue 10): windows -> publish <= 60 s end to end, median control-plane task <= 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+import urllib.request
+from urllib.parse import quote
+
+TASKS = ("windows", "detect", "plan", "validate", "publish")
+
+
+class Client:
+    def __init__(self, base: str, user: str, password: str) -> None:
+        self.base = base.rstrip("/")
+        self.token = self._call("POST", "/auth/token", {"username": user, "password": password},
+                                auth=False)["access_token"]
+
+    def _call(self, method: str, path: str, body=None, auth: bool = True):
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.base + path, method=method, headers=headers,
+                                     data=None if body is None else json.dumps(body).encode())
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.load(resp)
+
+    def get(self, path: str):
+        return self._call("GET", path)
+
+    def post(self, path: str, body):
+        return self._call("POST", path, body)
+
+
+def _t(text: str | None) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def durations(client: Client, dag_id: str, run_id: str) -> dict[str, float] | None:
+    tis = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+    by_task = {t["task_id"]: t for t in tis["task_instances"]}
+    if any(by_task.get(name, {}).get("state") != "success" for name in TASKS):
+        return None
+    out = {name: (_t(by_task[name]["end_date"]) - _t(by_task[name]["start_date"])).total_seconds()
+           for name in TASKS}
+    out["windows->publish"] = (_t(by_task["publish"]["end_date"])
+                               - _t(by_task["windows"]["start_date"])).total_seconds()
+    return out
+
+
+def trigger_and_wait(client: Client, dag_id: str, conf: dict, timeout: float) -> str:
+    run = client.post(f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
+    run_id = run["dag_run_id"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")["state"]
+        if state in ("success", "failed"):
+            return run_id
+        time.sleep(2)
+    raise SystemExit(f"run {run_id} did not finish within {timeout:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rebalance.service import Service
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=6)
+    p.add_argument("--existing", action="store_true",
+                   help="read the latest runs that reached publish instead of triggering")
+    p.add_argument("--method", default="mixed")
+    p.add_argument("--dag-id", default="rebalance")
+    p.add_argument("--timeout", type=float, default=600)
+    args = p.parse_args(argv)
+
+    service = Service()
+    user, password = service.login()
+    if password is None:
+        print("error: no Airflow password found: is the service up (make up)?", file=sys.stderr)
+        return 2
+    client = Client(service.s.api_url, user, password)
+    rows: list[tuple[str, dict[str, float]]] = []
+    if args.existing:
+        runs = client.get(f"/api/v2/dags/{args.dag_id}/dagRuns?order_by=-run_after&limit=100")
+        for run in runs["dag_runs"]:
+            d = durations(client, args.dag_id, run["dag_run_id"])
+            if d is not None:
+                rows.append((run["dag_run_id"], d))
+            if len(rows) == args.runs:
+                break
+    else:
+        conf = {"force": True, "apply_mode": "dry-run", "method": args.method}
+        for i in range(args.runs):
+            run_id = trigger_and_wait(client, args.dag_id, conf, args.timeout)
+            d = durations(client, args.dag_id, run_id)
+            if d is None:
+                print(f"run {run_id} did not reach publish (skipped or failed)", file=sys.stderr)
+                continue
+            rows.append((run_id, d))
+            print(f"run {i + 1}/{args.runs} {run_id}: " + ", ".join(
+                f"{k} {v:.1f} s" for k, v in d.items()), flush=True)
+    if not rows:
+        print("error: no run reached publish", file=sys.stderr)
+        return 1
+    cols = [*TASKS, "windows->publish"]
+    print("\n| run | " + " | ".join(cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for run_id, d in rows:
+        print(f"| {run_id[:32]} | " + " | ".join(f"{d[c]:.1f}" for c in cols) + " |")
+    tasks = [d[t] for _, d in rows for t in TASKS]
+    spans = [d["windows->publish"] for _, d in rows]
+    print(f"\n{len(rows)} runs. Per task: median {statistics.median(tasks):.1f} s, worst "
+          f"{max(tasks):.1f} s (target median <= 5 s). windows -> publish: median "
+          f"{statistics.median(spans):.1f} s, worst {max(spans):.1f} s (target <= 60 s).")
+    for t in TASKS:
+        values = [d[t] for _, d in rows]
+        print(f"  {t:9s} median {statistics.median(values):5.1f} s  worst {max(values):5.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

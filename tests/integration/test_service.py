@@ -1,0 +1,252 @@
+"""The service as its users run it: ``make up``'s processes, the real scheduler, the UI.
+
+One module-scoped service (``rebalance.service.Service``, exactly what ``make up`` starts:
+Spark Connect, Airflow's api-server, scheduler, dag-processor and triggerer on
+LocalExecutor/SQLite, the keyed job and the live generator), on a temporary Airflow
+home, data folder and free ports. The tests then use it as a person does:
+
+* the real scheduler runs ``rebalance`` on its two-minute schedule and a plan is applied
+  and verified with no one touching anything;
+* anonymous requests to the Rebalance view are refused;
+* in a real headless Chromium (Debian's package, driven by Playwright): log in, trigger
+  ``rebalance`` from the Trigger form with non-default params, approve on the Required
+  actions page, see the run succeed and the plan on the Rebalance tab with its chart and
+  moved keys; start a backfill from the UI and see its what-if plans there.
+
+At the end ``down`` must leave no process of the service behind. Screenshots are saved
+under ``$REBALANCE_TEST_SHOTS`` (default ``.data/test-shots``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ui_flows import CHROMIUM_ARGS, UI, chromium_path
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SHOTS = Path(os.environ.get("REBALANCE_TEST_SHOTS", REPO / ".data" / "test-shots"))
+#: The issue's promise: a scheduled run applied and verified within 5 minutes of start.
+#: The test allows a little more for a loaded CI machine and reports what it took.
+SCHEDULED_PLAN_TIMEOUT = 9 * 60
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    from rebalance.service import Service, Settings, alive
+
+    root = tmp_path_factory.mktemp("service")
+    settings = Settings(data=root / "data", airflow_home=root / "airflow",
+                        api_port=free_port(), connect_port=free_port(),
+                        schedule="*/2 * * * *")
+    svc = Service(settings, out=lambda line: print(line, flush=True))
+    started = time.monotonic()
+    try:
+        svc.up()
+        svc.started = started
+        yield svc
+    finally:
+        records = svc.records()
+        svc.down()
+        left = [f"{name} (pid {rec.pid})" for name, rec in records.items() if alive(rec)]
+        assert not left, f"processes left running after down: {left}"
+        assert not any(settings.pids.glob("*.json"))
+
+
+class Api:
+    """Airflow's REST API and the Rebalance JSON, with a token of the admin user."""
+
+    def __init__(self, svc) -> None:
+        self.base = svc.s.api_url
+        user, password = svc.login()
+        self.user, self.password = user, password
+        body = json.dumps({"username": user, "password": password}).encode()
+        req = urllib.request.Request(f"{self.base}/auth/token", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            self.token = json.load(resp)["access_token"]
+
+    def get(self, path: str):
+        req = urllib.request.Request(self.base + path,
+                                     headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.load(resp)
+
+    def plans(self) -> list[dict]:
+        return self.get("/rebalance/api/plans")
+
+    def run(self, dag_id: str, run_id: str) -> dict:
+        from urllib.parse import quote
+
+        return self.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")
+
+    def wait_for(self, what: str, check, timeout: float, every: float = 5.0):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = check()
+            if last:
+                return last
+            time.sleep(every)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last}")
+
+
+@pytest.fixture(scope="module")
+def api(service):
+    return Api(service)
+
+
+def _status(url: str, headers: dict | None = None) -> tuple[int, str]:
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=30) as resp:
+            return resp.status, ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("location", "")
+
+
+def test_anonymous_requests_to_the_rebalance_view_are_refused(service):
+    base = service.s.api_url
+    for path in ("/rebalance/api/plans", "/rebalance/api/plans/x", "/rebalance/api/loads"):
+        assert _status(base + path)[0] == 401, path
+    code, location = _status(base + "/rebalance/", {"Accept": "text/html"})
+    assert code in (302, 307) and "login" in location
+    forged = {"Authorization": "Bearer not-a-token"}
+    assert _status(base + "/rebalance/api/plans", forged)[0] in (401, 403)
+
+
+def test_the_scheduler_applies_and_verifies_a_plan_on_its_own(service, api):
+    """No trigger: the real scheduler runs the DAG every two minutes on the live stream."""
+    def verified():
+        done = [p for p in api.plans()
+                if p["run_type"] == "scheduled" and p["status"] in ("verified", "diverged")]
+        return done[-1] if done else None
+
+    plan = api.wait_for("a scheduled plan applied and verified", verified,
+                        SCHEDULED_PLAN_TIMEOUT - (time.monotonic() - service.started))
+    took = time.monotonic() - service.started
+    print(f"scheduled plan {plan['plan_id']} {plan['status']} {took:.0f} s after start: "
+          f"imbalance {plan['imbalance_before']:.3f} -> predicted {plan['predicted_imbalance']:.3f}"
+          f" -> realised {plan['realised_imbalance']:.3f}")
+    assert plan["status"] == "verified", plan
+    assert plan["assignment_version"] is not None and plan["moved_keys"] > 0
+    assert plan["realised_imbalance"] < plan["imbalance_before"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = chromium_path()
+    if path is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium): browser tests skipped")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def ui(browser, service, api):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    ui = UI(page, service.s.api_url, SHOTS)
+    ui.login(api.user, api.password)
+    yield ui
+    page.close()
+
+
+def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(ui, api):
+    dialog = ui.open_trigger("rebalance")
+    ui.set_select(dialog, "method", "milp")
+    ui.set_number(dialog, "theta", 0.05)
+    ui.set_checkbox(dialog, "require_approval", True)
+    ui.set_checkbox(dialog, "force", True)
+    ui.shot("01-trigger-form")
+    ui.submit_trigger(dialog)
+    ui.page.wait_for_url("**/runs/manual__*")
+    run_id = ui.page.url.rsplit("/runs/", 1)[1].split("/")[0]
+    from urllib.parse import unquote
+
+    run_id = unquote(run_id)
+    conf = api.run("rebalance", run_id)["conf"]
+    assert (conf["method"], conf["theta"], conf["require_approval"]) == ("milp", 0.05, True)
+
+    def awaiting():
+        tis = api.get(f"/api/v2/dags/rebalance/dagRuns/{_q(run_id)}/taskInstances")["task_instances"]
+        states = {t["task_id"]: t["state"] for t in tis}
+        assert states.get("windows") not in ("failed", "skipped"), states
+        assert states.get("plan") not in ("failed", "skipped"), states
+        return states.get("approve") in ("deferred", "awaiting_input", "running") and states
+    api.wait_for("the approval to be asked", awaiting, 300)
+    ui.approve("rebalance", run_id)
+    ui.shot("02-approved")
+
+    def finished():
+        state = api.run("rebalance", run_id)["state"]
+        return state if state in ("success", "failed") else None
+    assert api.wait_for("the run to finish", finished, 420) == "success"
+
+    plan = next(p for p in api.plans() if p["run_id"] == run_id)
+    assert plan["method"] == "milp" and plan["status"] == "verified", plan
+    ui.page.goto(f"{ui.base}/dags/rebalance/plugin/rebalance-dag")
+    frame = ui.page.frame_locator("iframe[title=Rebalance]")
+    frame.locator("#plans").wait_for(timeout=120_000)
+    frame.locator("#loads-chart").wait_for()
+    ui.shot("03-rebalance-tab", full_page=False)
+    frame.locator(f"a[href$='/plans/{plan['plan_id']}']").first.click()
+    frame.locator("#bars-chart").wait_for(timeout=120_000)
+    moved = frame.locator("#moved tr")
+    assert moved.count() == plan["moved_keys"] + 1  # header row
+    assert frame.locator("#validation").get_by_text("failed").count() == 0
+    assert frame.locator("#commits tr").count() >= 5
+    ui.page.goto(f"{ui.base}/rebalance/plans/{plan['plan_id']}")
+    ui.shot("04-plan-page")
+
+
+def test_a_backfill_started_in_the_ui_stores_what_if_plans(ui, api, service):
+    now = dt.datetime.now(dt.timezone.utc)
+    start = (dt.datetime.fromtimestamp(service.started_wall, dt.timezone.utc)
+             if hasattr(service, "started_wall") else now - dt.timedelta(minutes=10))
+    start = start.replace(second=0, microsecond=0)
+    end = (now - dt.timedelta(minutes=2)).replace(second=0, microsecond=0)
+    dialog = ui.open_backfill("rebalance")
+    ui.set_backfill_range(dialog, start.strftime("%Y-%m-%dT%H:%M"), end.strftime("%Y-%m-%dT%H:%M"))
+    ui.set_checkbox(dialog, "force", True)
+    ui.shot("05-backfill-form")
+    ui.submit_backfill(dialog)
+
+    def what_if():
+        plans = [p for p in api.plans() if p["run_type"] == "backfill"]
+        return plans if plans and all(p["status"] == "what-if" for p in plans) else None
+    plans = api.wait_for("what-if plans of the backfill", what_if, 600, every=10)
+    assert all(p["assignment_version"] is None for p in plans)
+    ui.page.goto(f"{ui.base}/rebalance/")
+    ui.page.get_by_text("what-if").first.wait_for(timeout=120_000)
+    ui.shot("06-what-if-plans")
+
+
+def _q(run_id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(run_id, safe="")

@@ -1,0 +1,131 @@
+"""The service supervisor (``make up`` / ``down`` / ``status``) on stand-in processes.
+
+Real processes (bash, sleep) stand in for Airflow and Spark: what is checked is the
+supervisor's own contract: records of what it started, no second copy, every process of
+a component's tree stopped (children that ignore SIGTERM included), a stale record seen
+as dead, a taken port refused with a clear message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+from rebalance.service import (
+    Component, Service, ServiceError, Settings, _children, _running, airflow_env, alive, components)
+
+
+def stand_ins(script: dict[str, str]):
+    def parts(settings: Settings) -> list[Component]:
+        return [Component(name, ["bash", "-c", code], dict(os.environ), ready_line=None)
+                for name, code in script.items()]
+    return parts
+
+
+@pytest.fixture()
+def settings(tmp_path):
+    return Settings(data=tmp_path / "data", airflow_home=tmp_path / "airflow",
+                    api_port=18080, connect_port=18002)
+
+
+def test_up_records_each_process_and_a_second_up_starts_nothing(settings):
+    lines = []
+    svc = Service(settings, out=lines.append,
+                  parts=stand_ins({"a": "sleep 60", "b": "sleep 60 & sleep 60 & wait"}))
+    try:
+        assert svc.up() == ["a", "b"]
+        records = svc.records()
+        assert set(records) == {"a", "b"} and all(alive(r) for r in records.values())
+        assert svc.up() == []
+        assert sum("already running" in line for line in lines) == 2
+        assert {r.pid for r in svc.records().values()} == {r.pid for r in records.values()}
+        assert all(s.startswith("running") for s in svc.status().values())
+    finally:
+        svc.down()
+    assert all(not _running(r.pid) for r in records.values())
+    assert svc.status() == {"a": "stopped", "b": "stopped"}
+
+
+def test_down_stops_the_whole_tree_even_children_that_ignore_sigterm(settings):
+    # A child in its own session (not in the component's process group) that ignores
+    # SIGTERM: down must still find it (descendants of the recorded pid) and kill it.
+    code = "setsid bash -c 'trap \"\" TERM; sleep 120' & trap '' TERM; sleep 120 & wait"
+    svc = Service(settings, out=lambda _: None, parts=stand_ins({"stubborn": code}))
+    import rebalance.service as service_module
+
+    service_module.STOP_GRACE_SECONDS, grace = 1.0, service_module.STOP_GRACE_SECONDS
+    try:
+        svc.up()
+        rec = svc.records()["stubborn"]
+        deadline = time.monotonic() + 5
+        while len(_children(rec.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = [rec.pid, *_children(rec.pid)]
+        assert len(tree) >= 3
+        assert svc.down() == ["stubborn"]
+        assert [p for p in tree if _running(p)] == []
+    finally:
+        service_module.STOP_GRACE_SECONDS = grace
+        svc.down()
+
+
+def test_a_record_of_a_process_that_died_is_reported_dead_and_replaced(settings):
+    svc = Service(settings, out=lambda _: None, parts=stand_ins({"a": "sleep 60"}))
+    try:
+        svc.up()
+        first = svc.records()["a"]
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while alive(first) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert svc.status()["a"].startswith("dead")
+        assert svc.up() == ["a"]
+        assert svc.records()["a"].pid != first.pid
+    finally:
+        svc.down()
+
+
+def test_a_taken_port_is_refused_with_the_component_named(settings):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+
+        def parts(s):
+            return [Component("api-server", ["sleep", "60"], dict(os.environ), port=port)]
+        svc = Service(settings, out=lambda _: None, parts=parts)
+        with pytest.raises(ServiceError, match=rf"port 127.0.0.1:{port} for api-server is taken"):
+            svc.up()
+        assert svc.records() == {}
+
+
+def test_the_service_listens_on_loopback_and_runs_the_control_plane_on_spark_connect(settings):
+    env = airflow_env(settings)
+    assert env["AIRFLOW__API__HOST"] == "127.0.0.1"
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] == "False"
+    assert env["REBALANCE_SPARK_REMOTE"] == "sc://127.0.0.1:18002"
+    assert env["AIRFLOW_HOME"] == str(settings.airflow_home)
+    parts = {c.name: c for c in components(settings)}
+    assert list(parts) == ["spark-connect", "api-server", "scheduler", "dag-processor",
+                           "triggerer", "generator", "job"]
+    connect = " ".join(parts["spark-connect"].argv)
+    assert "spark.connect.grpc.binding.address=127.0.0.1" in connect
+    assert "spark.connect.grpc.binding.port=18002" in connect
+    assert "--host 127.0.0.1 --port 18080" in " ".join(parts["api-server"].argv)
+    # The job is a local Spark app of its own, not a client of the control plane's server.
+    assert "REBALANCE_SPARK_REMOTE" not in parts["job"].env
+    assert parts["generator"].env["REBALANCE_SPARK_REMOTE"] == "sc://127.0.0.1:18002"
+    assert parts["job"].stop_signal == signal.SIGINT
+    assert parts["job"].argv[0] == sys.executable
+
+
+def test_no_credential_is_part_of_the_commands(settings):
+    for comp in components(settings):
+        text = " ".join(comp.argv).lower()
+        assert "password" not in text and "jwt" not in text and "token" not in text
