@@ -15,10 +15,16 @@ or a CSV file), aggregates the last W windows into a planning problem
 
 Both files are written to temporary names first and renamed into place, so a failure
 never leaves a half-written plan and bad input writes nothing at all. Bad input raises
-:class:`~rebalance.cli.UserError` (one line, exit code 2).
+:class:`~rebalance.cli.UserError` (one line, exit code 2). Every argument is checked
+before any input is read: N at most :data:`rebalance.model.MAX_INSTANCES`, and ``--out``
+must be creatable (a directory is created and removed in its nearest existing
+ancestor). Warnings of the libraries are not printed: a refusal is exactly one line.
 
-cli.py registers the command with :func:`add_subcommands`; heavy imports (pandas,
-pyarrow, Spark) happen inside :func:`run_plan`.
+``plan.json`` also records ``timings``: ``input_seconds`` (read, check, aggregate),
+``plan_seconds`` (the planner) and ``write_seconds``.
+
+cli.py registers the command with :func:`add_subcommands`; heavy imports (pyarrow,
+Spark) happen inside :func:`run_plan`, and pandas is not imported for Parquet input.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import math
 import os
 import shutil
 import tempfile
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +78,13 @@ def add_subcommands(subparsers) -> None:
 
 def _check_args(args: argparse.Namespace):
     from .cli import UserError
+    from .model import MAX_INSTANCES
 
     if args.instances < 1:
         raise UserError(f"--instances must be >= 1, got {args.instances}")
+    if args.instances > MAX_INSTANCES:
+        raise UserError(f"--instances must be <= {MAX_INSTANCES} (the key groups of the default "
+                        f"placement), got {args.instances}")
     if not (math.isfinite(args.theta) and args.theta > 0):
         raise UserError(f"--theta must be a number > 0, got {args.theta}")
     if args.windows < 1:
@@ -87,6 +99,28 @@ def _check_args(args: argparse.Namespace):
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
+    check_out_dir(out)
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse an output directory that cannot be created or written, before any work.
+
+    A directory is created (and removed at once) in ``out`` if it exists, else in its
+    nearest existing ancestor: what ``write_plan`` will do there, so permissions,
+    read-only and pseudo file systems (``/proc``) are all caught here.
+    """
+    from .cli import UserError
+
+    base = out.absolute()
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise UserError(f"--out {out} cannot be created: {base} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rebalance-probe-", dir=base))
+    except OSError as exc:
+        raise UserError(f"--out {out} cannot be created: {exc.strerror or exc} "
+                        f"(in {base})") from None
 
 
 def budget_bytes(budget: float | None, total_state: float) -> float | None:
@@ -98,16 +132,26 @@ def budget_bytes(budget: float | None, total_state: float) -> float | None:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Load, plan, write; returns 0 (an infeasible plan is still written, feasible=false)."""
+    with warnings.catch_warnings():
+        # Library warnings (pandas, numpy, PuLP) are not for the user of a command whose
+        # refusals are one line; every condition they could flag is checked explicitly.
+        warnings.simplefilter("ignore")
+        return _run_plan(args)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
     from .cli import UserError
-    from .histograms import load_input
     from .model import PlanParams, PlanningError
     from .planners import METHODS, get_planner
 
     _check_args(args)
     if args.method not in METHODS:
         raise UserError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
-    problem, summary = load_input(args.histograms, args.instances,
-                                  assignment_path=args.assignment, windows=args.windows)
+    from .histograms import read_input
+
+    t0 = time.perf_counter()
+    problem, summary, keys = read_input(args.histograms, args.instances,
+                                        assignment_path=args.assignment, windows=args.windows)
     total_state = float(problem.state.sum())
     budget = budget_bytes(args.migration_budget, total_state)
     try:
@@ -115,11 +159,18 @@ def run_plan(args: argparse.Namespace) -> int:
                             budget_bytes=budget, time_limit=float(args.time_limit))
     except PlanningError as exc:
         raise UserError(str(exc)) from None
+    t1 = time.perf_counter()
     plan = get_planner(args.method).plan(problem, params)
+    t2 = time.perf_counter()
 
     document = plan_document(args, summary, plan, budget)
-    frame = _assignment_table(problem, plan)
-    write_plan(Path(args.out), document, frame)
+    frame = _assignment_table(keys, plan)
+    timings = {"input_seconds": t1 - t0, "plan_seconds": plan.plan_seconds,
+               "planner_wall_seconds": t2 - t1}
+    try:
+        write_plan(Path(args.out), document, frame, timings=timings)
+    except OSError as exc:
+        raise UserError(f"cannot write the plan to {args.out}: {exc.strerror or exc}") from None
     m = plan.metrics
     print(f"plan {args.method} -> {plan.method}: feasible={plan.feasible} "
           f"imbalance {m.imbalance_before:.4f} -> {m.imbalance_after:.4f}, "
@@ -170,30 +221,39 @@ def plan_document(args: argparse.Namespace, summary: dict[str, Any], plan, budge
     })
 
 
-def _assignment_table(problem, plan):
+def _assignment_table(keys, plan):
+    """The assignment file's table: ``keys`` (pyarrow strings, the problem's order)."""
     import numpy as np
     import pyarrow as pa
 
+    from .histograms import arrow_array
+
+    try:
+        keys = keys.cast(pa.string())
+    except pa.ArrowInvalid:  # more than 2 GiB of key bytes: only large_string holds them
+        pass
     return pa.table({
-        "key": pa.array(problem.keys.astype(str), type=pa.string()),
-        "instance": pa.array(np.asarray(plan.assignment, dtype=np.int64), type=pa.int64()),
-        "moved": pa.array(np.asarray(plan.moved, dtype=bool), type=pa.bool_()),
+        "key": keys,
+        "instance": arrow_array(np.asarray(plan.assignment, dtype=np.int64)),
+        "moved": arrow_array(np.asarray(plan.moved, dtype=bool)),
     })
 
 
-def write_plan(out: Path, document: dict, table) -> None:
+def write_plan(out: Path, document: dict, table, timings: dict | None = None) -> None:
     """Write plan.json and assignment.parquet so that no reader ever sees half a plan.
 
     A new DIR is built as a sibling temporary directory and renamed into place. An
     existing DIR gets both files under temporary names first, then the assignment and
     finally plan.json are renamed over the old ones (plan.json names the assignment's
-    row count and digest, so a pair can always be checked).
+    row count and digest, so a pair can always be checked). ``timings`` go into
+    plan.json as ``timings``, with ``write_seconds`` (the assignment file and its digest).
     """
     import hashlib
     import json
 
     import pyarrow.parquet as pq
 
+    t0 = time.perf_counter()
     out = Path(out)
     parent = out.parent if str(out.parent) else Path(".")
     parent.mkdir(parents=True, exist_ok=True)
@@ -203,6 +263,9 @@ def write_plan(out: Path, document: dict, table) -> None:
         digest = hashlib.sha256((staging / ASSIGNMENT_FILE).read_bytes()).hexdigest()
         document = dict(document, assignment_file={"name": ASSIGNMENT_FILE,
                                                    "rows": table.num_rows, "sha256": digest})
+        if timings is not None:
+            document["timings"] = _number(dict(timings,
+                                               write_seconds=time.perf_counter() - t0))
         with open(staging / PLAN_FILE, "w", encoding="utf-8") as fh:
             json.dump(document, fh, indent=2, sort_keys=False, allow_nan=False)
             fh.write("\n")

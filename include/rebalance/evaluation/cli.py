@@ -8,6 +8,10 @@ Experiments (``--experiment``):
                    20/40/60 instances with 400/800/1200 key groups
   seed001-elb-clb  seed 001 Sec. 5.1: Gaussian vs Zipf substreams, ELB vs CLB (amortised)
   replay           a histogram table the streaming job wrote (--histograms, --instances)
+  scale            the whole `rebalance plan` command at K = 10^4 .. 10^7 keys (N = 64,
+                   theta 0.02, Zipf 0.7, one window): wall, input and plan seconds, peak
+                   RSS, imbalance, migration for mixed and auto, a log-log plot of time
+                   against K (--keys, --runs; inputs cached in --workdir)
 
 Writes DIR/results.csv (one row per experiment point, planner and interval),
 DIR/summary.csv (one row per point and planner) and PNG plots into DIR, and prints the
@@ -23,6 +27,11 @@ import sys
 import time
 from pathlib import Path
 
+#: The experiments (``rebalance.evaluation.experiments.EXPERIMENTS`` and ``scale``); listed
+#: here so that building the parser imports neither pandas nor the experiments (1 s of
+#: every ``rebalance`` command's start, measured in issue 11).
+EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb", "replay",
+               "scale")
 TABLE_COLUMNS = ("planner", "imbalance_before", "imbalance_after", "imbalance_next",
                  "migration_fraction", "migration_per_rebalance", "moved_keys", "table_size",
                  "plan_seconds", "lower_bound_fraction", "gap")
@@ -30,8 +39,6 @@ TABLE_COLUMNS = ("planner", "imbalance_before", "imbalance_after", "imbalance_ne
 
 def add_subcommands(subparsers) -> None:
     """Add ``bench`` to the ``rebalance`` command's subparsers."""
-    from .experiments import EXPERIMENTS
-
     p = subparsers.add_parser(
         "bench", help="replay workloads and compare every planner (tables and PNG plots)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,6 +62,12 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="workload and solver seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="write no PNG")
+    p.add_argument("--keys", metavar="K1,K2",
+                   help="scale: numbers of keys (default 10000,100000,1000000,10000000)")
+    p.add_argument("--runs", type=int, default=3,
+                   help="scale: runs of each point, the first one cold (default 3)")
+    p.add_argument("--workdir", metavar="DIR",
+                   help="scale: folder of the generated inputs, reused (default DIR/inputs)")
     p.set_defaults(func=run_bench)
 
 
@@ -74,6 +87,16 @@ def _check(args) -> None:
             raise UserError(f"--instances must be >= 1, got {args.instances}")
     elif args.histograms:
         raise UserError("--histograms is only used by --experiment replay")
+    if args.experiment == "scale":
+        if args.runs < 1:
+            raise UserError(f"--runs must be >= 1, got {args.runs}")
+        try:
+            keys = [int(k) for k in (args.keys or "1").split(",")]
+        except ValueError:
+            raise UserError(f"--keys must be comma-separated integers, got {args.keys!r}") \
+                from None
+        if min(keys) < 1:
+            raise UserError(f"--keys must be >= 1, got {args.keys!r}")
 
 
 def format_table(summary, columns=TABLE_COLUMNS) -> str:
@@ -114,12 +137,14 @@ def _fmt(value) -> str:
 
 
 def run_bench(args) -> int:
+    _check(args)
+    if args.experiment == "scale":
+        return run_scale_bench(args)
     from tqdm import tqdm
 
     from .experiments import Settings, build, run, summarise, total_steps
     from .plots import plot_experiment
 
-    _check(args)
     settings = Settings(planners=args.planners, intervals=args.intervals, seed=args.seed,
                         time_limit=args.time_limit, histograms=args.histograms,
                         instances=args.instances, theta=args.theta)
@@ -139,4 +164,34 @@ def run_bench(args) -> int:
     print(f"\n{len(results)} rows, {len(points)} point(s), {time.perf_counter() - t0:.1f} s; "
           f"wrote {out / 'results.csv'}, {out / 'summary.csv'}"
           + (f" and {len(pngs)} PNG(s)" if pngs else ""))
+    return 0
+
+
+def run_scale_bench(args) -> int:
+    """``--experiment scale``: see :mod:`rebalance.evaluation.scale`."""
+    import csv
+
+    from .scale import SCALE_KEYS, format_scale, plot_scale, run_scale, summarise_scale
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = [int(k) for k in args.keys.split(",")] if args.keys else list(SCALE_KEYS)
+    workdir = Path(args.workdir) if args.workdir else out / "inputs"
+    methods = args.planners.split(",") if args.planners else None
+    t0 = time.perf_counter()
+    rows = run_scale(workdir, keys=keys, runs=args.runs,
+                     **({"methods": methods} if methods else {}),
+                     progress=None if args.no_progress else
+                     (lambda line: print(line, file=sys.stderr, flush=True)))
+    summary = summarise_scale(rows)
+    for name, data in (("results.csv", rows), ("summary.csv", summary)):
+        columns = list(dict.fromkeys(c for r in data for c in r))
+        with open(out / name, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(data)
+    png = None if args.no_plots else plot_scale(summary, out / "scale.png")
+    print(format_scale(summary))
+    print(f"\n{len(rows)} runs, {time.perf_counter() - t0:.1f} s; wrote {out / 'results.csv'}, "
+          f"{out / 'summary.csv'}" + (f" and {png}" if png else ""))
     return 0
