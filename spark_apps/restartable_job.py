@@ -3,7 +3,9 @@
     python spark_apps/restartable_job.py --instances 4 --trigger-seconds 5
     spark-submit spark_apps/restartable_job.py --instances 4 --trigger-seconds 5
 
-Routes by one pinned assignment version per generation and polls the Delta table
+Each generation follows the latest assignment version at every micro-batch (a live
+switch is used from the next micro-batch; ``--pin-assignment`` keeps each
+generation's own version instead) and the job polls the Delta table
 ``restarts`` for requests (the DAG's ``apply_mode=restart``, or
 ``rebalance.streaming.restart.request_restart``): each is executed as stop at a
 micro-batch boundary, state migration, restart, acknowledgement. Started after a
@@ -30,6 +32,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                    "from requests)")
     p.add_argument("--poll-seconds", type=float, default=5.0,
                    help="how often the restarts table is read for requests")
+    p.add_argument("--pin-assignment", action="store_true",
+                   help="route each generation by the version it started with (ignore live "
+                        "switches) instead of following the latest version")
+    p.add_argument("--hold-seconds", type=float, default=60.0,
+                   help="after refusing a batch routed by a version published for a restart "
+                        "(or another N), wait this long for its request before resuming with "
+                        "the version in force")
     add_spark_options(p)
     return p.parse_args(argv)
 
@@ -38,13 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = job_config_from_args(args)
-        job = RestartableJob(spark_from_args(args, f"rebalance-{args.name}"), config)
+        job = RestartableJob(spark_from_args(args, f"rebalance-{args.name}"), config,
+                             pin_assignment=args.pin_assignment,
+                             hold_seconds=args.hold_seconds)
         generation = job.start()
     except (JobError, TableError, AssignmentError, RestartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"generation {generation.number} running: assignment version "
-          f"{generation.assignment_version}, {generation.n_instances} instances")
+          f"{generation.assignment_version}"
+          f"{' (pinned)' if args.pin_assignment else ' (following the latest)'}, "
+          f"{generation.n_instances} instances")
     try:
         job.run_forever(args.poll_seconds)
     except KeyboardInterrupt:

@@ -151,19 +151,23 @@ def window_start_ms(event_time: Column, window_ms: int) -> Column:
 
 def keyed_stream(spark: SparkSession, raw: DataFrame, config: JobConfig,
                  assignment_version: int | None = None,
-                 initial_state: DataFrame | None = None) -> DataFrame:
+                 initial_state: DataFrame | None = None,
+                 assignment_rows: DataFrame | None = None) -> DataFrame:
     """The stateful part: valid events, routed, through the keyed operator (union output).
 
     By default every micro-batch routes by the latest assignment version (live
-    switch); ``assignment_version`` pins one version instead (a restart
-    generation of :mod:`rebalance.streaming.restart`). ``initial_state`` (rows of
+    switch); ``assignment_version`` pins one version instead, and
+    ``assignment_rows`` replaces the routing rows altogether (a restart
+    generation, :func:`rebalance.streaming.routing.follow_assignment_rows`).
+    ``initial_state`` (rows of
     :data:`~rebalance.streaming.processor.INITIAL_STATE_DDL`) seeds the operator's
     state in the first batch of a new checkpoint.
     """
     events = valid_events(raw).withWatermark(
         "event_time", f"{int(config.watermark_seconds * 1000)} milliseconds")
-    routed = route(events, tables.assignment_rows(spark, config.tables_root, assignment_version),
-                   config.n_instances)
+    if assignment_rows is None:
+        assignment_rows = tables.assignment_rows(spark, config.tables_root, assignment_version)
+    routed = route(events, assignment_rows, config.n_instances)
     operator_input = routed.select(
         "label", "key", "value", "cost", "event_time", "instance", "default_instance",
         "key_group", "assignment_version",
@@ -242,15 +246,26 @@ class KeyedOutputWriter(IdempotentSink):
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch.persist()
         try:
-            present = {row.kind for row in batch.select("kind").distinct().collect()}
+            versions = {row.kind: row.version for row in batch.groupBy("kind").agg(
+                F.max("assignment_version").alias("version")).collect()}
+            self.before_write(batch_id, versions)
+            present = set(versions)
             global_id = self.batch_offset + batch_id
             writes = [(batch.where(F.col("kind") == kind).select(projection(global_id)), table)
                       for kind, table, projection in OUTPUTS if kind in present]
             if writes:
                 with ThreadPoolExecutor(max_workers=len(writes)) as pool:
                     list(pool.map(lambda w: self.append(w[0], w[1], batch_id), writes))
+            self.after_write(batch_id, versions)
         finally:
             batch.unpersist()
+
+    def before_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+        """Hook before anything of the batch is written (``versions``: output kind -> the
+        largest assignment version its rows record); raising refuses the batch."""
+
+    def after_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+        """Hook after every output of the batch was written (before Spark commits it)."""
 
 
 class QuarantineWriter(IdempotentSink):

@@ -5,7 +5,15 @@ state. When the state must follow, the keyed query runs in *generations*:
 
     generation = (assignment version, N instances, checkpoint directory)
 
-A generation routes by its one pinned assignment version. A restart to a new
+A generation starts with one assignment version and then follows the latest one at
+every micro-batch, as the plain keyed job does (a live switch, published by the DAG
+with ``apply_mode`` broadcast or auto, is used from the next micro-batch; rows record
+the version they were routed by), except versions it must not follow live: those
+published for a controlled restart, or for another N. A batch routed by such a
+version is refused before it writes anything (the generation holds at that
+boundary), and a query started while the latest version is one of them routes by
+the version in force instead (``pin_assignment`` keeps the start version for good).
+A restart to a new
 assignment version (or a new N: scale out or in, same path) is requested by a
 ``requested`` row in the Delta table ``restarts`` (:func:`request_restart`, what
 the DAG calls); :class:`RestartableJob` (the running job's driver) then
@@ -73,8 +81,8 @@ from ..placement import default_instances
 from ..spark import tables
 from ..spark.plan_store import utcnow
 from .job import JobConfig, KeyedOutputWriter, keyed_stream
-from .processor import INITIAL_STATE_DDL, PERKEY, PERWINDOW
-from .routing import instance_labels
+from .processor import INITIAL_STATE_DDL, PERKEY, PERWINDOW, RESULT
+from .routing import follow_assignment_rows, instance_labels
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +102,11 @@ class StoppedAtBoundary(RuntimeError):
     """Raised by the sink when a batch starts after the gate closed: nothing was written."""
 
 
+class HeldForRestart(StoppedAtBoundary):
+    """Raised by the sink when a batch was routed by a version the generation must not
+    follow (published for a controlled restart, or for another N): nothing was written."""
+
+
 class SimulatedCrash(RuntimeError):
     """Raised at an injected step (tests, benchmark): the driver 'dies' there."""
 
@@ -102,7 +115,7 @@ class SimulatedCrash(RuntimeError):
 
 @dataclass(frozen=True)
 class Generation:
-    """One run of the keyed query: pinned assignment version, N and checkpoint.
+    """One run of the keyed query: the assignment version it starts with, N and checkpoint.
 
     ``batch_offset`` is the global number of its batch 0; ``source`` says where
     its Delta source starts (``starting_version``, ``exclude_files`` of that
@@ -437,20 +450,97 @@ class BoundaryGate:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.closed = False
+        self.closed_at: float | None = None
         self.last_written: int | None = None
 
     def close(self) -> int | None:
         """Close (waits for a batch being written); return the last batch fully written."""
         with self._lock:
-            self.closed = True
+            self.shut()
             return self.last_written
+
+    def shut(self) -> None:
+        """Refuse every later batch (the caller holds the lock)."""
+        if not self.closed:
+            self.closed, self.closed_at = True, time.time()
+
+
+# --------------------------------------------------------------------- following versions
+
+def blocks(metadata: dict[str, Any], n_instances: int) -> bool:
+    """Whether a generation of ``n_instances`` must not follow a published version live:
+    it was published for a controlled restart (``apply_mode`` restart) or for another N."""
+    return (metadata.get("apply_mode") == "restart"
+            or int(metadata.get("n_instances", n_instances)) != n_instances)
+
+
+def routing_log(checkpoint: str) -> Path:
+    """Folder of a generation's routing log, next to its checkpoint: a file ``<batch>``
+    (JSON ``{"assignment_version": v}``) for each batch whose routing differs from the
+    batch before (the first entry: from the generation's own version)."""
+    return Path(checkpoint).with_name(Path(checkpoint).name + "-routing")
+
+
+def in_force_version(gen: Generation, last_batch: int | None) -> int:
+    """The assignment version in force after ``last_batch`` of ``gen``: the version its
+    output rows of the last logged batch up to ``last_batch`` record (its own version when
+    it committed none, or never switched)."""
+    folder = routing_log(gen.checkpoint)
+    if last_batch is None or not folder.is_dir():
+        return gen.assignment_version
+    logged = [b for b in _log_ids(folder) if b <= last_batch]
+    if not logged:
+        return gen.assignment_version
+    return int(json.loads((folder / str(logged[-1])).read_text())["assignment_version"])
+
+
+@dataclass
+class VersionGuard:
+    """Which assignment versions a running generation follows (live switch) and which not.
+
+    ``in_force`` is the version the last written batch was routed by; a batch routed
+    by a newer version is written only when that version may be followed
+    (:func:`blocks`), and never by an older one (a pinned fallback behind a live switch).
+    """
+
+    spark: SparkSession
+    root: str | None
+    n_instances: int
+    in_force: int
+    requested: set[int] = field(default_factory=set)
+    metadata: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def blocked_versions(self) -> list[int]:
+        """Published versions after the one in force that must not be followed."""
+        self._refresh()
+        return sorted(v for v in set(self.metadata) | self.requested
+                      if v > self.in_force and not self.followable(v))
+
+    def followable(self, version: int) -> bool:
+        if version == self.in_force:
+            return True
+        if version < self.in_force or version in self.requested:
+            return False
+        if version not in self.metadata:
+            self._refresh()
+        return not blocks(self.metadata.get(version, {}), self.n_instances)
+
+    def _refresh(self) -> None:
+        if tables.exists(self.spark, tables.ASSIGNMENTS, self.root):
+            for commit in tables.assignment_history(self.spark, self.root):
+                self.metadata[int(commit.version)] = commit.metadata
 
 
 @dataclass
 class GatedWriter(KeyedOutputWriter):
-    """The keyed sink behind a :class:`BoundaryGate`."""
+    """The keyed sink behind a :class:`BoundaryGate`; with a :class:`VersionGuard`, a batch
+    routed by a version the generation must not follow is refused (:class:`HeldForRestart`)
+    and every change of the version in force is logged (:func:`routing_log`)."""
 
     gate: BoundaryGate = field(default_factory=BoundaryGate)
+    guard: VersionGuard | None = None
+    log_folder: Path | None = None
+    held: int | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         with self.gate._lock:
@@ -458,6 +548,33 @@ class GatedWriter(KeyedOutputWriter):
                 raise StoppedAtBoundary(f"batch {batch_id} refused: the query is stopping")
             super().__call__(batch, batch_id)
             self.gate.last_written = batch_id
+
+    def before_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+        version = versions.get(RESULT)
+        if self.guard is None or version is None or self.guard.followable(int(version)):
+            return
+        self.held = int(version)
+        self.gate.shut()
+        raise HeldForRestart(
+            f"batch {batch_id} refused: routed by assignment version {version}, which this "
+            f"generation (version {self.guard.in_force} in force) does not follow live")
+
+    def after_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+        version = versions.get(RESULT)
+        if self.guard is None or version is None:
+            return
+        target = self.log_folder / str(batch_id) if self.log_folder is not None else None
+        # A replayed batch may be routed otherwise than its first attempt: rewrite its entry.
+        if int(version) != self.guard.in_force or (target is not None and target.exists()):
+            if int(version) != self.guard.in_force:
+                log.info("live switch: batch %d routed by assignment version %s", batch_id,
+                         version)
+            self.guard.in_force = int(version)
+            if target is not None:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(target.name + ".tmp")
+                tmp.write_text(json.dumps({"assignment_version": int(version)}))
+                tmp.replace(target)
 
 
 # --------------------------------------------------------------------- the job driver
@@ -476,11 +593,15 @@ class RestartableJob:
     faults: set[str] = field(default_factory=set)
     fail: set[str] = field(default_factory=set)
     ack_timeout_seconds: float = 300.0
+    pin_assignment: bool = False
+    hold_seconds: float = 60.0
     generation: Generation | None = field(default=None, init=False)
     query: StreamingQuery | None = field(default=None, init=False)
     writer: GatedWriter | None = field(default=None, init=False)
     timings: list[dict[str, float]] = field(default_factory=list, init=False)
     stop_began: float | None = field(default=None, init=False)
+    from_version: int | None = field(default=None, init=False)
+    _held_at: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.control = RestartControl(self.spark, self.config.name, self.config.tables_root)
@@ -530,14 +651,34 @@ class RestartableJob:
                 self.query = None
 
     def poll(self) -> str | None:
-        """Execute the pending request, if any; return its id."""
+        """Execute the pending request, if any; return its id.
+
+        A generation that refused a batch routed by a version it must not follow
+        (:class:`HeldForRestart`: published for a restart, or for another N) stopped at
+        that boundary and waits for the restart request; without one within
+        ``hold_seconds`` it resumes, routing by the version in force.
+        """
+        held = False
         if self.query is not None and self.query.exception() is not None:
-            raise self.query.exception()
+            if self.writer is None or self.writer.held is None:
+                raise self.query.exception()
+            held = True
         steps = self.control.steps()
         pending = self.control.pending(steps)
         if pending is not None:
             self.execute(pending, steps)
+        elif held and time.monotonic() - self.held_since() > self.hold_seconds:
+            log.warning("generation %d: no restart request for assignment version %d in %s s; "
+                        "resuming with version %d", self.generation.number, self.writer.held,
+                        self.hold_seconds, self.writer.guard.in_force)
+            self.query = None
+            self._run(self.generation)
         return pending
+
+    def held_since(self) -> float:
+        if self._held_at is None:
+            self._held_at = time.monotonic()
+        return self._held_at
 
     def run_forever(self, poll_seconds: float = 5.0) -> None:
         """Poll for restart requests until the query fails or the process is stopped."""
@@ -569,7 +710,8 @@ class RestartableJob:
             timing = {"requested": time.perf_counter()}
             if "stopped" not in steps:
                 new = self._stop_old(old, requested)
-                self.control.record(request_id, "stopped", new, from_generation=old.number)
+                self.control.record(request_id, "stopped", new, from_generation=old.number,
+                                    from_version=self.from_version)
             else:
                 new = Generation(**steps["stopped"].detail["generation"])
                 self._ensure_stopped()
@@ -597,6 +739,7 @@ class RestartableJob:
         else:
             self._complete_uncommitted(old)
         position = checkpoint_position(old.checkpoint)
+        self.from_version = in_force_version(old, position.last_batch)
         number = old.number + 1
         version, n = int(requested.assignment_version), int(requested.n_instances)
         if position.last_batch is None:   # nothing committed: start where it started
@@ -679,12 +822,16 @@ class RestartableJob:
             parsed = F.unix_millis(F.trim(F.col("event_time")).try_cast("timestamp"))
             raw = raw.where(parsed.isNull() | (parsed > F.lit(int(min_ms))))
         initial = self.spark.read.parquet(gen.state_path) if gen.state_path else None
+        rows, guard = self._routing(gen)
         previous = self.spark.conf.get("spark.sql.shuffle.partitions")
         self.spark.conf.set("spark.sql.shuffle.partitions", str(gen.n_instances))
         try:
-            stream = keyed_stream(self.spark, raw, config, gen.assignment_version, initial)
+            stream = keyed_stream(self.spark, raw, config, gen.assignment_version, initial,
+                                  assignment_rows=rows)
             name = f"{config.name}-keyed"
-            self.writer = GatedWriter(self.spark, config, name, gen.batch_offset)
+            self.writer = GatedWriter(self.spark, config, name, gen.batch_offset, guard=guard,
+                                      log_folder=routing_log(gen.checkpoint))
+            self._held_at = None
             writer = (stream.writeStream.queryName(name).foreachBatch(self.writer)
                       .option("checkpointLocation", gen.checkpoint))
             if config.trigger_seconds is None:
@@ -699,11 +846,36 @@ class RestartableJob:
                  gen.assignment_version, gen.n_instances, gen.checkpoint)
         return self.query
 
+    def _routing(self, gen: Generation) -> tuple[DataFrame, VersionGuard | None]:
+        """The routing rows of a generation's query, and the guard of its sink.
+
+        Pinned (``pin_assignment``): the generation's own version. Otherwise the latest
+        version every micro-batch (live switch), falling back to the version in force
+        (the last committed batch's) while the latest is one it must not follow.
+        """
+        root = self.config.tables_root
+        if self.pin_assignment:
+            return tables.assignment_rows(self.spark, root, gen.assignment_version), None
+        last = checkpoint_position(gen.checkpoint).last_batch
+        steps = self.control.steps()
+        acknowledged = {s.request_id for s in steps if s.step == "acknowledged"}
+        requested = {int(s.assignment_version) for s in steps if s.step == "requested"
+                     and s.request_id not in acknowledged and s.assignment_version is not None}
+        guard = VersionGuard(self.spark, root, gen.n_instances, in_force_version(gen, last),
+                             requested)
+        blocked = guard.blocked_versions()
+        rows = follow_assignment_rows(tables.assignment_rows(self.spark, root),
+                                      tables.assignment_rows(self.spark, root, guard.in_force),
+                                      blocked, gen.n_instances)
+        log.info("generation %d follows the latest assignment version (in force: %d, "
+                 "not followed: %s)", gen.number, guard.in_force, blocked)
+        return rows, guard
+
     def _stop_at_boundary(self, timeout: float = 120.0) -> None:
         """Close the sink gate, wait for the last written batch's commit, stop the query."""
         query, gate = self.query, self.writer.gate
-        self.stop_began = time.time()
         last = gate.close()
+        self.stop_began = gate.closed_at
         commits = Path(self.generation.checkpoint, "commits")
         deadline = time.monotonic() + timeout
         while last is not None and query.isActive and not (commits / str(last)).exists():

@@ -89,3 +89,26 @@ def route(events: DataFrame, assignment_rows: DataFrame, n_instances: int) -> Da
     return (routed.withColumn("instance", checked.cast("int"))
             .withColumn("label", label_col(F.col("instance"), n_instances))
             .drop("routed_instance"))
+
+
+def follow_assignment_rows(latest: DataFrame, fallback: DataFrame, blocked: list[int],
+                           n_instances: int) -> DataFrame:
+    """Routing rows of the latest assignment version, or of ``fallback`` when it cannot be used.
+
+    ``latest`` and ``fallback`` are :func:`rebalance.spark.tables.assignment_rows` reads
+    (the latest snapshot, re-read by Delta every micro-batch, and one pinned version).
+    The latest version is used unless it is one of ``blocked`` (versions a controlled
+    restart must bring in: published for a restart, or for another N) or routes a key
+    outside ``[0, N)`` (a version for another N published since the query started);
+    then the pinned ``fallback`` (the version in force) routes the batch. Decided per
+    micro-batch, in one snapshot: the result feeds :func:`route` like a plain read.
+    """
+    latest_version = F.coalesce(F.max("assignment_version"), F.lit(0)).cast("bigint")
+    in_range = (F.coalesce(F.max("instance"), F.lit(0)) < n_instances) & (
+        F.coalesce(F.min("instance"), F.lit(0)) >= 0)
+    usable = in_range if not blocked else (
+        in_range & ~latest_version.isin([int(v) for v in blocked]))
+    flag = latest.agg(usable.alias("_use_latest"))
+    chosen = latest.crossJoin(flag).where(F.col("_use_latest"))
+    other = fallback.crossJoin(flag).where(~F.col("_use_latest"))
+    return chosen.unionByName(other).drop("_use_latest")
