@@ -1,19 +1,29 @@
 """Restart benchmark: the pause of a controlled restart against the keys with state.
 
-    python include/benchmarks/restart_benchmark.py                  # K = 10^3, 10^4, 10^5
-    python include/benchmarks/restart_benchmark.py --keys 1000 10000
+    python include/benchmarks/restart_benchmark.py                     # K = 10^3, 10^4, 10^5
+    python include/benchmarks/restart_benchmark.py --keys 1000000 --restarts 3
 
-For each K: a fresh events table whose first batch holds every key (so K keys
-have state), the keyed job as generation 0 (N = 4) processes it; a plan moving
-10 % of the keys is published and a restart requested while a new batch is
-waiting; the restart runs (stop at a batch boundary, state read back, re-keyed,
-written, new generation started with it as initial state) and is acknowledged.
+Each K runs in a fresh process (a fresh Spark JVM and Python workers: the first
+restart of a freshly started job is measured cold, and counted). There: a fresh
+events table whose batch 0 holds 4 K events over the K keys (about every key gets
+state); the restartable job (generation 0, N = 4) processes it; then a feeder
+appends a small batch (max(1000, K / 100) events, Zipf 0.8) every 2 s while
+``--restarts`` controlled restarts run one after the other, each publishing (as the
+DAG does for ``apply_mode`` restart) an assignment that moves the same 10 % of
+the keys to another instance, then requesting the restart and executing it.
 
-The pause is the time without progress: from the moment the old generation's sink
-gate closes (no batch after that one commits) to the new generation's first
-committed batch. It is printed with its parts (seconds since the request at each
-step) and the number of keys read back from the state store. Target: <= 15 s at
-10^5 keys. Figures are wall-clock on whatever else the machine runs.
+Reported per restart, then per K the median and the worst (first restart included):
+
+* **pause**: no output committed: from the old generation's last committed batch
+  to the new generation's first (commit files of both checkpoints);
+* **request to acknowledgement** (from the request row to the job's
+  acknowledgement), apart from the pause;
+* its parts, seconds between the job's recorded steps: **stop wait** (taking the
+  request to the old generation stopped at a boundary), **state** (to the migrated
+  state written), **start** (to the new query started, when the job records it) and
+  **first commit** (to the new generation's first committed batch).
+
+Figures are wall-clock on whatever else the machine runs (the load average is printed).
 """
 
 from __future__ import annotations
@@ -22,86 +32,224 @@ import argparse
 import json
 import os
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+N_INSTANCES = 4
+PARTS = ("stop_wait", "state", "start", "first_commit")
 
-def one_restart(spark, work: Path, n_keys: int, n_instances: int, seed: int) -> dict:
+
+class Feeder(threading.Thread):
+    """Appends one small generator batch every ``period`` seconds until stopped."""
+
+    def __init__(self, spark, generator, root: str, first: int, period: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.spark, self.generator, self.root = spark, generator, root
+        self.next, self.period = first, period
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from rebalance.streaming.generator import append_batches
+
+        try:
+            while not self.halt.is_set():
+                append_batches(self.spark, self.generator, [self.next], self.root)
+                self.next += 1
+                self.halt.wait(self.period)
+        except BaseException as exc:  # noqa: BLE001 - reported by the benchmark
+            self.error = exc
+
+
+def _commits(checkpoint: str) -> dict[int, float]:
+    folder = Path(checkpoint, "commits")
+    if not folder.is_dir():
+        return {}
+    return {int(p.name): p.stat().st_mtime for p in folder.iterdir() if p.name.isdigit()}
+
+
+def _wait_commits(job, n: int, timeout: float = 600.0) -> None:
+    target = len(_commits(job.generation.checkpoint)) + n
+    deadline = time.monotonic() + timeout
+    while len(_commits(job.generation.checkpoint)) < target:
+        if job.query is not None and job.query.exception() is not None:
+            raise job.query.exception()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {n} commits in {timeout} s")
+        time.sleep(0.2)
+
+
+def _parts(since: dict[str, float]) -> dict[str, float | None]:
+    """Seconds between the job's recorded steps (None when a step was not recorded)."""
+    def gap(a: str, b: str) -> float | None:
+        return round(since[b] - since[a], 3) if a in since and b in since else None
+
+    started = "started" if "started" in since else None
+    return {"stop_wait": gap("requested", "stopped"),
+            "state": gap("stopped", "state_written"),
+            "start": gap("state_written", started) if started else None,
+            "first_commit": gap(started or "state_written", "acknowledged")}
+
+
+def run_one_k(n_keys: int, restarts: int, seed: int, master: str, work: Path) -> list[dict]:
+    """All restarts of one K, in this process (a fresh Spark session)."""
     from rebalance.placement import default_instances
     from rebalance.spark import tables
+    from rebalance.spark.session import get_spark
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
     from rebalance.streaming.job import JobConfig
     from rebalance.streaming.restart import RestartableJob, request_restart
 
-    root = str(work / f"k{n_keys}" / "tables")
-    config = JobConfig(n_instances=n_instances, window_seconds=60, n_windows=2,
+    spark = get_spark("rebalance-restart-benchmark", master=master, conf={
+        "spark.ui.enabled": "false", "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.sql.shuffle.partitions": str(N_INSTANCES)})
+    root = str(work / "tables")
+    config = JobConfig(n_instances=N_INSTANCES, window_seconds=60, n_windows=2,
                        watermark_seconds=5, max_files_per_trigger=1, trigger_seconds=1,
                        emit_histograms=False, name="bench", tables_root=root,
-                       checkpoint_root=str(work / f"k{n_keys}" / "checkpoints"))
-    # Batch 0: every key once; batch 1: a small batch that waits for the new generation.
+                       checkpoint_root=str(work / "checkpoints"))
     everyone = EventGenerator(GeneratorConfig(n_keys=n_keys, zipf=0.0,
                                               events_per_batch=4 * n_keys,
-                                              n_instances=n_instances, seed=seed))
+                                              n_instances=N_INSTANCES, seed=seed))
+    trickle = EventGenerator(GeneratorConfig(n_keys=n_keys, zipf=0.8,
+                                             events_per_batch=max(1000, n_keys // 100),
+                                             n_instances=N_INSTANCES, seed=seed + 1))
     append_batches(spark, everyone, [0], root)
     job = RestartableJob(spark, config)
+    started = time.perf_counter()
     job.start()
     job.process_all_available()
+    print(f"  K = {n_keys}: generation 0 processed batch 0 in "
+          f"{time.perf_counter() - started:.1f} s", flush=True)
     keys = list(everyone.keys)
-    default = default_instances(keys, n_instances)
-    moved = {k: int((d + 1) % n_instances) for k, d in
-             zip(keys[: max(1, n_keys // 10)], default[: max(1, n_keys // 10)])}
-    version = tables.publish_assignment(spark, moved, n_instances, {"benchmark": True}, root)
-    append_batches(spark, everyone, [1], root)
-    request = request_restart(spark, version, n_instances, job=config.name, root=root)
-    started = time.perf_counter()
-    job.poll()
-    total = time.perf_counter() - started
-    status = job.control.status(request)
-    keys_with_state = (spark.read.parquet(job.generation.state_path)
-                       .where("kind = 'perkey'").count())
-    job.stop()
-    return {"keys": n_keys, "keys_with_state": keys_with_state, "moved_keys": len(moved),
-            "pause_seconds": status["pause_seconds"],
-            "seconds_since_request": status["seconds_since_request"],
-            "restart_call_seconds": round(total, 3), "ok": status["ok"]}
+    default = default_instances(keys, N_INSTANCES)
+    share = max(1, n_keys // 10)
+    feeder = Feeder(spark, trickle, root, first=1)
+    feeder.start()
+    figures = []
+    try:
+        _wait_commits(job, 2)
+        for r in range(restarts):
+            routing = {k: int((d + 1 + r) % N_INSTANCES)
+                       for k, d in zip(keys[:share], default[:share])}
+            version = tables.publish_assignment(
+                spark, routing, N_INSTANCES,
+                {"benchmark": True, "apply_mode": "restart"}, root)
+            old = job.generation
+            requested = time.time()
+            request = request_restart(spark, version, N_INSTANCES, job=config.name, root=root)
+            job.poll()
+            acknowledged = time.time()
+            status = job.control.status(request)
+            new = job.generation
+            old_commits, new_commits = _commits(old.checkpoint), _commits(new.checkpoint)
+            last_old = max(old_commits.values()) if old_commits else None
+            first_new = new_commits[min(new_commits)] if new_commits else None
+            keys_with_state = (spark.read.parquet(new.state_path).where("kind = 'perkey'")
+                               .count() if new.state_path and Path(new.state_path).exists()
+                               else None)
+            figure = {
+                "keys": n_keys, "restart": r + 1, "ok": status["ok"],
+                "keys_with_state": keys_with_state, "moved_keys": share,
+                "pause": round(first_new - last_old, 3) if last_old and first_new else None,
+                "request_to_ack": round(acknowledged - requested, 3),
+                "recorded_pause": status.get("pause_seconds"),
+                "since_request": status.get("seconds_since_request"),
+                **_parts(status.get("seconds_since_request") or {}),
+            }
+            figures.append(figure)
+            print(f"  restart {r + 1}: pause {figure['pause']} s, request to ack "
+                  f"{figure['request_to_ack']} s, parts "
+                  f"{ {p: figure[p] for p in PARTS} }, ok={figure['ok']}", flush=True)
+            _wait_commits(job, 2)
+    finally:
+        feeder.halt.set()
+        feeder.join()
+        job.stop()
+        spark.stop()
+    if feeder.error is not None:
+        raise feeder.error
+    return figures
+
+
+def _summary(rows: list[dict]) -> dict:
+    def stats(name: str) -> tuple[float | None, float | None]:
+        values = [r[name] for r in rows if r.get(name) is not None]
+        return (round(statistics.median(values), 1), round(max(values), 1)) if values \
+            else (None, None)
+
+    out = {"keys": rows[0]["keys"], "restarts": len(rows),
+           "keys_with_state": max((r["keys_with_state"] or 0) for r in rows),
+           "first_pause": rows[0]["pause"]}
+    for name in ("pause", "request_to_ack", *PARTS):
+        out[name] = stats(name)
+    return out
+
+
+def _fmt(pair) -> str:
+    median, worst = pair
+    return "-" if median is None else f"{median} / {worst}"
+
+
+def print_table(summaries: list[dict]) -> None:
+    print("\n| K | keys with state | pause median / worst (first) | request to ack | "
+          "stop wait | state | start | first commit |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for s in summaries:
+        print(f"| {s['keys']:,} | {s['keys_with_state']:,} | {_fmt(s['pause'])} "
+              f"({s['first_pause']}) | {_fmt(s['request_to_ack'])} | "
+              + " | ".join(_fmt(s[p]) for p in PARTS) + " |")
+    print("(seconds, median / worst of the restarts of each K, the first restart of a fresh "
+          "job included; in brackets the first restart's pause)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keys", type=int, nargs="+", default=[1_000, 10_000, 100_000])
-    p.add_argument("--instances", type=int, default=4)
+    p.add_argument("--restarts", type=int, default=3, help="restarts per K (>= 3 for the table)")
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--master", default="local[2]")
-    p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--json", help="also write every figure to this file")
+    p.add_argument("--one", type=int, help=argparse.SUPPRESS)        # child: one K
+    p.add_argument("--out", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from rebalance.spark.session import get_spark
-
-    spark = get_spark("rebalance-restart-benchmark", master=args.master, conf={
-        "spark.ui.enabled": "false", "spark.databricks.delta.snapshotPartitions": "2",
-        "spark.sql.shuffle.partitions": str(args.instances)})
-    work = Path(tempfile.mkdtemp(prefix="restart-benchmark-"))
-    figures = []
-    try:
-        for n_keys in args.keys:
-            print(f"K = {n_keys}: generation 0 with N = {args.instances}, then a restart "
-                  "moving 10 % of the keys", flush=True)
-            r = one_restart(spark, work, n_keys, args.instances, args.seed)
-            figures.append(r)
-            print(f"  keys with state {r['keys_with_state']}, pause {r['pause_seconds']} s "
-                  f"(target <= 15 s at 10^5), steps since request "
-                  f"{r['seconds_since_request']}, ok={r['ok']}", flush=True)
-        print(f"machine load average at the end: {os.getloadavg()[0]:.1f} on "
-              f"{os.cpu_count()} cores")
-        if args.json:
-            Path(args.json).write_text(json.dumps(figures, indent=2))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    if args.one is not None:
+        work = Path(tempfile.mkdtemp(prefix=f"restart-benchmark-k{args.one}-"))
+        try:
+            rows = run_one_k(args.one, args.restarts, args.seed, args.master, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        Path(args.out).write_text(json.dumps(rows))
+        return 0
+    all_rows, summaries = [], []
+    for n_keys in args.keys:
+        print(f"K = {n_keys}: fresh process, generation 0 with N = {N_INSTANCES}, then "
+              f"{args.restarts} restarts each moving 10 % of the keys", flush=True)
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            done = subprocess.run([sys.executable, __file__, "--one", str(n_keys),
+                                   "--restarts", str(args.restarts), "--seed", str(args.seed),
+                                   "--master", args.master, "--out", out.name])
+            if done.returncode != 0:
+                print(f"K = {n_keys}: failed (exit {done.returncode})", flush=True)
+                continue
+            rows = json.loads(Path(out.name).read_text())
+        all_rows.extend(rows)
+        summaries.append(_summary(rows))
+    print_table(summaries)
+    print(f"machine load average at the end: {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"restarts": all_rows, "summary": summaries},
+                                              indent=2))
     return 0
 
 
