@@ -55,14 +55,9 @@ def _fmix(h1: np.ndarray, length: np.ndarray) -> np.ndarray:
     return h1 ^ (h1 >> np.uint32(16))
 
 
-def utf8_buffers(keys) -> tuple[np.ndarray, np.ndarray]:
-    """The UTF-8 bytes of ``keys`` as one uint8 array and int64 offsets (length K + 1).
-
-    ``keys`` is a pyarrow string array (chunked or not: its own buffers are used, no
-    copy of the bytes) or any sequence or numpy array of keys, converted by pyarrow in
-    compiled code. Values that are not strings (or nulls) fall back to ``str(key)``, one
-    by one, as before this function existed.
-    """
+def _string_array(keys):
+    """``keys`` as one pyarrow string or large_string array without nulls (see
+    :func:`utf8_buffers`)."""
     import pyarrow as pa
 
     if isinstance(keys, pa.ChunkedArray):
@@ -85,24 +80,69 @@ def utf8_buffers(keys) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(values, pa.Array):
             values = values.to_pylist()
         keys = pa.array([str(k) for k in values], type=pa.large_string())
-    if pa.types.is_string(keys.type):
-        keys = keys.cast(pa.large_string())
+    return keys
+
+
+def _raw_buffers(keys) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, offsets as stored: int32 or int64) of a pyarrow string array, no copy."""
+    import pyarrow as pa
+
     n = len(keys)
     _, off_buf, data_buf = keys.buffers()
-    offsets = np.frombuffer(off_buf, dtype=np.int64, count=n + 1, offset=keys.offset * 8) \
-        if off_buf is not None else np.zeros(n + 1, dtype=np.int64)
+    wide = pa.types.is_large_string(keys.type)
+    dtype = np.int64 if wide else np.int32
+    offsets = (np.frombuffer(off_buf, dtype=dtype, count=n + 1, offset=keys.offset * (8 if wide else 4))
+               if off_buf is not None else np.zeros(n + 1, dtype=dtype))
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None \
         else np.zeros(0, dtype=np.uint8)
     return data, offsets
 
 
-def unaligned_view(data: np.ndarray, dtype: str, pad: int) -> np.ndarray:
-    """A read-only view of ``data`` (zero-padded by ``pad`` bytes) with one ``dtype``
-    value starting at every byte offset: ``view[i]`` reads bytes i .. i + itemsize - 1."""
-    padded = np.zeros(len(data) + pad, dtype=np.uint8)
-    padded[:len(data)] = data
-    view = np.ndarray(shape=(len(data) + pad - np.dtype(dtype).itemsize + 1,), dtype=dtype,
-                      buffer=padded, strides=(1,))
+def utf8_buffers(keys) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes of ``keys`` as one uint8 array and int64 offsets (length K + 1).
+
+    ``keys`` is a pyarrow string array (chunked or not: its own buffers are used, no
+    copy of the bytes) or any sequence or numpy array of keys, converted by pyarrow in
+    compiled code. Values that are not strings (or nulls) fall back to ``str(key)``, one
+    by one, as before this function existed.
+    """
+    data, offsets = _raw_buffers(_string_array(keys))
+    return data, offsets.astype(np.int64, copy=False)
+
+
+def padded_buffers(arrays, pad: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes of several key arrays one after the other, followed by ``pad`` zero
+    bytes (what :func:`unaligned_view` needs), and int64 offsets into them: one copy of
+    each array's bytes and offsets, written in place."""
+    parts = [_raw_buffers(_string_array(a)) for a in arrays]
+    n_bytes = sum(int(off[-1] - off[0]) for _, off in parts)
+    data = np.empty(n_bytes + pad, dtype=np.uint8)
+    data[n_bytes:] = 0
+    offsets = np.empty(sum(len(off) - 1 for _, off in parts) + 1, dtype=np.int64)
+    offsets[0] = 0
+    at_byte, at_key = 0, 0
+    for d, off in parts:
+        lo, hi = int(off[0]), int(off[-1])
+        data[at_byte:at_byte + hi - lo] = d[lo:hi]
+        dst = offsets[at_key + 1:at_key + len(off)]
+        dst[...] = off[1:]
+        dst += at_byte - lo
+        at_byte += hi - lo
+        at_key += len(off) - 1
+    return data, offsets
+
+
+def unaligned_view(data: np.ndarray, dtype: str, pad: int = 0) -> np.ndarray:
+    """A read-only view with one ``dtype`` value starting at every byte offset of ``data``:
+    ``view[i]`` reads bytes i .. i + itemsize - 1. ``pad`` > 0 first copies ``data``
+    followed by that many zero bytes (so that the last bytes can start a value too)."""
+    if pad:
+        padded = np.zeros(len(data) + pad, dtype=np.uint8)
+        padded[:len(data)] = data
+        data = padded
+    size = np.dtype(dtype).itemsize
+    view = np.ndarray(shape=(max(0, len(data) - size + 1),), dtype=dtype, buffer=data,
+                      strides=(1,))
     view.flags.writeable = False
     return view
 
