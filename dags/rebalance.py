@@ -83,7 +83,13 @@ def rebalance():
     approve = ApprovalOperator(
         task_id="approve",
         subject="Apply rebalance plan {{ ti.xcom_pull(task_ids='publish')['plan']['plan_id'] }}?",
-        body="{{ ti.xcom_pull(task_ids='publish')['plan'] | tojson }}",
+        body=("{% set p = ti.xcom_pull(task_ids='publish')['plan'] %}"
+              "**{{ p.method }}** plan `{{ p.plan_id }}` over assignment "
+              "v{{ p.base_assignment_version }}: imbalance {{ '%.3f' % p.imbalance_before }} "
+              "-> {{ '%.3f' % p.predicted_imbalance }} predicted; {{ p.moved_keys }} key(s) "
+              "move ({{ '%.2f' % (100 * p.migration_fraction) }} % of the state).\n\n"
+              "Loads before and after, moved keys, validation and Delta commits: "
+              "[Rebalance view](/rebalance/plans/{{ p.plan_id }})."),
         defaults="Reject",
         response_timeout=dt.timedelta(hours=1),
         doc_md="Approve to make the published assignment version live; reject (or no answer "

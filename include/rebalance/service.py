@@ -70,7 +70,7 @@ class Settings:
     schedule: str = os.environ.get("REBALANCE_SCHEDULE", DEFAULT_SCHEDULE)
     instances: int = 4
     window_seconds: int = 20
-    trigger_seconds: int = 5
+    trigger_seconds: int = 10
     generator_keys: int = 200
     events_per_second: int = 200
     #: The generator re-skews the load (seed 003's fluctuation) every this many seconds.
@@ -171,7 +171,7 @@ def components(s: Settings) -> list[Component]:
     connect = _connect_server(s, env)
     aenv = airflow_env(s)
     genv = {**env, "REBALANCE_SPARK_REMOTE": s.connect_url}
-    batch_seconds = 5
+    batch_seconds = 10
     return [
         connect,
         Component("api-server", [airflow, "api-server", "--host", HOST, "--port", str(s.api_port)],

@@ -16,6 +16,7 @@ Pure pandas + GX: no Spark, no Airflow.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -74,6 +75,8 @@ def recompute_metrics(frame: pd.DataFrame, n_instances: int, drain=()) -> dict[s
 
 @lru_cache(maxsize=1)
 def _context():
+    # GX logs its plugin registry at INFO on first use: hundreds of lines per task log.
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 

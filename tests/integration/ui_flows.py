@@ -103,9 +103,15 @@ class UI:
         dialog.wait_for(state="detached", timeout=30_000)
 
     # -------------------------------------------------------- required action
-    def approve(self, dag_id: str, run_id: str) -> None:
-        """Open the run's Required actions, choose Approve."""
+    def approve(self, dag_id: str, run_id: str, shot: str | None = None) -> None:
+        """Open the run's Required actions, read the request, choose Approve."""
+        from urllib.parse import quote
+
         page = self.page
-        page.goto(f"{self.base}/dags/{dag_id}/runs/{run_id}/required_actions")
+        page.goto(f"{self.base}/dags/{dag_id}/runs/{quote(run_id, safe='')}/required_actions")
         page.get_by_text(re.compile("Apply rebalance plan")).first.click()
-        page.get_by_role("button", name="Approve").click()
+        button = page.get_by_role("button", name="Approve")
+        button.wait_for()
+        if shot:
+            self.shot(shot, full_page=False)
+        button.click()

@@ -104,6 +104,10 @@ def session_conf(app_name: str, master: str | None = None,
     settings.update({k: str(v) for k, v in (conf or {}).items()})
     if master:
         settings["spark.master"] = master
+    if settings.get("spark.master", "").startswith("local"):
+        # A local driver serves nobody else: it listens on loopback only.
+        settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
+        settings.setdefault("spark.driver.host", "127.0.0.1")
     _add_delta_jars(settings)
     return settings
 
@@ -161,12 +165,35 @@ def get_spark(app_name: str = "rebalance", master: str | None = None,
     # Python workers must run the same interpreter (pandas UDFs, transformWithState).
     os.environ.setdefault("PYSPARK_PYTHON", settings["spark.pyspark.python"])
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", settings["spark.pyspark.driver.python"])
+    _launch_quiet_gateway(app_name, settings)
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("REBALANCE_SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+def _launch_quiet_gateway(app_name: str, settings: Mapping[str, str]) -> None:
+    """Start the driver JVM with its stdout in :func:`spark_log_file`.
+
+    The JVM's stdout carries no log lines (log4j writes to stderr and the file) but what
+    Python processes the JVM starts print there: PySpark's transformWithState driver
+    worker prints a line per call ("... Completed execution of UDF"), which would
+    otherwise flood the demo and task logs. Not done when a gateway already exists or
+    ``spark-submit`` started this process (its stdout is the submitter's to choose).
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
+    log_file = spark_log_file(app_name)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("ab") as out:
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": out})
+    SparkContext._ensure_initialized(gateway=gateway, conf=conf)
 
 
 def remote_session(url: str, conf: Mapping[str, str] | None = None):

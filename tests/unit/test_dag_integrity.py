@@ -1,0 +1,90 @@
+"""The DAG files and the Rebalance view plugin load, with what the UI shows (fast: no database).
+
+Parsing the DAGs here is what the dag-processor does: no import error, tags, retries, the
+Params form of each DAG; the plugin registers its FastAPI app at ``/rebalance`` and its
+views as a DAG tab and a navigation entry, and every route requires a reader of the DAG.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dags():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    return bag.dags
+
+
+def test_every_dag_parses_with_tags_retries_and_docs(dags):
+    assert {"rebalance", "rebalance_rollback", "rebalance_healthcheck"} <= set(dags)
+    for dag_id in ("rebalance", "rebalance_rollback"):
+        dag = dags[dag_id]
+        assert "rebalance" in dag.tags and dag.doc_md and dag.max_active_runs == 1
+        for t in dag.tasks:
+            assert t.retries >= 1, (dag_id, t.task_id)
+
+
+def test_the_rebalance_params_form(dags):
+    params = dags["rebalance"].params
+    assert params["method"] == "mixed" and params["apply_mode"] == "auto"
+    schema = params.get_param("method").schema
+    assert "milp" in schema["enum"] and "mixed" in schema["enum"]
+    assert params.get_param("theta").schema["type"] == "number"
+    assert params.get_param("require_approval").schema["type"] == "boolean"
+
+
+def test_the_rollback_dag_takes_a_version(dags):
+    dag = dags["rebalance_rollback"]
+    assert [t.task_id for t in dag.topological_sort()] == ["propose", "validate", "publish", "apply"]
+    param = dag.params.get_param("to_version")
+    assert param.schema["type"] == "integer" and param.schema["minimum"] == 0
+    assert param.description == "An earlier version of the assignments table."
+    assert dag.schedule is None
+
+
+def _plugin_module():
+    spec = importlib.util.spec_from_file_location("rebalance_view", REPO / "plugins" / "rebalance_view.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_plugin_mounts_its_app_and_views_behind_airflow_auth():
+    module = _plugin_module()
+    plugin = module.RebalancePlugin
+    assert plugin.fastapi_apps[0]["url_prefix"] == "/rebalance"
+    assert {(v["destination"], v["url_route"]) for v in plugin.external_views} == {
+        ("dag", "rebalance-dag"), ("nav", "rebalance")}
+    paths = {r.path for r in module.app.routes}
+    assert {"/", "/plans/{plan_id}", "/api/plans", "/api/plans/{plan_id}", "/api/assignments",
+            "/api/loads", "/rollback"} <= paths
+    # Authentication is an app-wide dependency: no route can forget it.
+    assert module.can_read in module.app.router.dependencies
+
+
+def test_the_charts_render_loads_and_escape_text():
+    module = _plugin_module()
+    loads = {"windows": ["2026-11-24T00:00:00", "2026-11-24T00:00:20", "2026-11-24T00:00:40"],
+             "instances": [0, 1], "loads": [[10.0, 30.0], [12.0, 28.0], [20.0, 20.0]],
+             "imbalance": [1.5, 1.4, 1.0], "versions": [0, 0, 1]}
+    svg = module._loads_chart(loads)
+    assert svg.count("<polyline") == 2 and ">v1</text>" in svg and "imbalance of the latest window 1.000" in svg
+    bars = module._bars_chart({"instance": [0, 1], "before": [30.0, 10.0], "after": [20.0, 20.0]})
+    assert bars.count("<rect") == 4 and "mean" in bars
+    table = module._plans_table([{
+        "plan_id": "<script>", "status": "verified", "method": "milp", "created_at": None,
+        "imbalance_before": 1.7, "predicted_imbalance": 1.05, "realised_imbalance": None,
+        "migration_fraction": 0.01, "moved_keys": 2, "table_size": 2,
+        "lower_bound_migration_fraction": 0.005, "assignment_version": 3,
+        "dag_id": "rebalance", "run_id": "manual__x"}])
+    assert "<script>" not in table and "&lt;script&gt;" in table
+    assert 'href="/dags/rebalance/runs/manual__x"' in table
