@@ -271,6 +271,13 @@ COVER_MAX_INSTANCE_KEYS = 5_000
 def _cover_dual_bound(load: np.ndarray, state: np.ndarray, excess: float,
                       time_limit: float) -> float | None:
     """HiGHS's dual bound on min sum s_k y_k, sum c_k y_k >= excess, y binary (or None)."""
+    return _cover(load, state, excess, time_limit)[0]
+
+
+def _cover(load: np.ndarray, state: np.ndarray, excess: float,
+           time_limit: float) -> tuple[float | None, np.ndarray | None]:
+    """HiGHS on min sum s_k y_k, sum c_k y_k >= excess, y binary: its dual bound and the
+    best set it found (a boolean mask; None without a primal solution)."""
     import highspy
 
     n = len(load)
@@ -295,14 +302,96 @@ def _cover_dual_bound(load: np.ndarray, state: np.ndarray, excess: float,
         h.setOptionValue(name, value)
     try:
         if h.passModel(lp) != highspy.HighsStatus.kOk:
-            return None
+            return None, None
         h.run()
-        bound = float(h.getInfo().mip_dual_bound)
+        info = h.getInfo()
+        bound = float(info.mip_dual_bound)
+        chosen = None
+        if info.primal_solution_status == 2:  # a feasible integer solution
+            chosen = np.asarray(h.getSolution().col_value) > 0.5
+            if float(load[chosen].sum()) < excess * (1 - 1e-9):
+                chosen = None
     except Exception:  # any solver failure: the caller keeps the fractional knapsack
-        return None
+        return None, None
     if not np.isfinite(bound):
+        return None, chosen
+    return bound * s_scale, chosen
+
+
+def min_knapsack_cover(load: np.ndarray, state: np.ndarray, excess: float,
+                       time_limit: float = COVER_TIME_LIMIT) -> np.ndarray:
+    """A set of keys (mask) carrying >= ``excess`` with as little state as HiGHS finds in
+    ``time_limit`` (greedy by state per load without a solution; all keys if even they
+    do not carry it)."""
+    if float(load.sum()) < excess:
+        return np.ones(len(load), dtype=bool)
+    chosen = (_cover(load, state, excess, time_limit)[1]
+              if len(load) <= COVER_MAX_INSTANCE_KEYS else None)
+    return chosen if chosen is not None else _greedy_cover(load, state, excess)
+
+
+def _greedy_cover(load: np.ndarray, state: np.ndarray, excess: float) -> np.ndarray:
+    """A set of keys carrying >= ``excess``: by increasing state per load (a mask)."""
+    order = np.lexsort((-load, _ratio(state, load)))
+    take = np.searchsorted(np.cumsum(load[order]), excess * (1 - 1e-12)) + 1
+    chosen = np.zeros(len(load), dtype=bool)
+    chosen[order[:take]] = True
+    return chosen
+
+
+def knapsack_covers(problem: Problem, max_load: float,
+                    time_limit: float = COVER_TIME_LIMIT,
+                    total_seconds: float = COVER_TOTAL_SECONDS,
+                    movable: np.ndarray | None = None
+                    ) -> tuple[float, np.ndarray, bool] | None:
+    """:func:`cover_lower_bound` and the keys that reach it: (bound in bytes, the keys to
+    move: forced keys and each overloaded instance's best cover, whether every cover is
+    HiGHS's own set). Instances HiGHS did not solve get a greedy cover (by increasing
+    state per load), so moving the returned keys always relieves every instance; their
+    state is the plan's migration if they all find room elsewhere (see
+    :func:`rebalance.planners.auto.cover_plan`). None as for :func:`cover_lower_bound`;
+    ``inf`` bound (and no keys) when a key is heavier than ``max_load``.
+
+    ``movable`` (a boolean mask) restricts the covers to those keys, e.g. to keys that fit
+    somewhere; the bound is then that of the restricted problem, **not** a lower bound
+    of the problem (an instance whose movable keys cannot cover its excess gets a greedy
+    cover of all its keys)."""
+    if problem.n_keys == 0:
+        return 0.0, np.zeros(0, dtype=np.int64), True
+    if float(problem.load.max()) > max_load * (1 + 1e-12):
+        return float("inf"), np.zeros(0, dtype=np.int64), False
+    try:
+        import highspy  # noqa: F401
+    except ImportError:  # pragma: no cover
         return None
-    return bound * s_scale
+    forced, loads, groups = _overloaded_keys(problem, max_load)
+    bound = float(problem.state[forced].sum())
+    if sum(len(keys) for _, keys in groups) > COVER_MAX_KEYS:
+        return None
+    moved = [np.flatnonzero(forced)]
+    exact = True
+    deadline = time.perf_counter() + total_seconds
+    for d, keys in groups:
+        every = keys
+        excess = float(loads[d] - max_load)
+        if movable is not None:
+            keys = keys[movable[keys]]
+            if float(problem.load[keys].sum()) < excess:
+                keys = every  # the movable keys alone cannot relieve d
+        load, state = problem.load[keys], problem.state[keys]
+        frac = _shed_cost(load, state, excess)
+        left = deadline - time.perf_counter()
+        whole, chosen = ((_cover(load, state, excess, min(time_limit, left)))
+                         if left > 0.01 and len(keys) <= COVER_MAX_INSTANCE_KEYS
+                         else (None, None))
+        if whole is not None:
+            frac = max(frac, whole - 1e-6 * abs(whole))
+        bound += frac
+        if chosen is None:
+            exact = False
+            chosen = _greedy_cover(load, state, excess)
+        moved.append(keys[chosen])
+    return bound, np.sort(np.concatenate(moved)), exact
 
 
 def cover_lower_bound(problem: Problem, max_load: float,
@@ -327,27 +416,5 @@ def cover_lower_bound(problem: Problem, max_load: float,
     when more than :data:`COVER_MAX_KEYS` keys sit on overloaded instances or HiGHS is
     missing, ``inf`` when a key is heavier than ``max_load``.
     """
-    if problem.n_keys == 0:
-        return 0.0
-    if float(problem.load.max()) > max_load * (1 + 1e-12):
-        return float("inf")
-    try:
-        import highspy  # noqa: F401
-    except ImportError:  # pragma: no cover
-        return None
-    forced, loads, groups = _overloaded_keys(problem, max_load)
-    bound = float(problem.state[forced].sum())
-    if sum(len(keys) for _, keys in groups) > COVER_MAX_KEYS:
-        return None
-    deadline = time.perf_counter() + total_seconds
-    for d, keys in groups:
-        load, state = problem.load[keys], problem.state[keys]
-        excess = float(loads[d] - max_load)
-        frac = _shed_cost(load, state, excess)
-        left = deadline - time.perf_counter()
-        whole = (_cover_dual_bound(load, state, excess, min(time_limit, left))
-                 if left > 0.01 and len(keys) <= COVER_MAX_INSTANCE_KEYS else None)
-        if whole is not None:
-            frac = max(frac, whole - 1e-6 * abs(whole))
-        bound += frac
-    return bound
+    covers = knapsack_covers(problem, max_load, time_limit, total_seconds)
+    return None if covers is None else covers[0]

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -139,7 +141,7 @@ def _synthetic_problem(interval=1, n_keys=2000, n=8):
     return w.problem(interval)
 
 
-def test_auto_polishes_mixed_with_the_milp_and_keeps_the_better_plan():
+def test_auto_stops_at_the_cover_plan_when_it_reaches_the_integer_bound():
     problem = _synthetic_problem()
     params = PlanParams(theta=0.08, max_table=300, time_limit=3.0)
     mixed = get_planner("mixed").plan(problem, params)
@@ -147,8 +149,27 @@ def test_auto_polishes_mixed_with_the_milp_and_keeps_the_better_plan():
     assert auto.feasible and mixed.feasible
     assert auto.metrics.migration_bytes <= mixed.metrics.migration_bytes
     assert auto.metrics.table_size <= 300
+    assert any(n.startswith("kept the cover plan: within 2%") for n in auto.notes)
+    assert not any(n.startswith("milp polish") for n in auto.notes)
+    assert auto.metrics.migration_bytes <= 1.02 * auto.lower_bound_bytes
+
+
+def test_auto_polishes_with_the_milp_when_the_cover_plan_is_not_good_enough(monkeypatch):
+    from rebalance.planners import auto as auto_module
+
+    monkeypatch.setattr(auto_module, "GOOD_ENOUGH", -1.0)  # nothing is ever good enough
+    problem = _synthetic_problem()
+    params = PlanParams(theta=0.08, max_table=300, time_limit=3.0)
+    t0 = time.perf_counter()
+    auto = get_planner("auto").plan(problem, params)
+    spent = time.perf_counter() - t0
+    mixed = get_planner("mixed").plan(problem, params)
+    assert auto.feasible
+    assert auto.metrics.migration_bytes <= mixed.metrics.migration_bytes
     assert any(n.startswith("milp polish") for n in auto.notes)
     assert any(n.startswith("chose") for n in auto.notes)
+    # the polish has a budget of its own, well inside the time limit
+    assert spent < params.time_limit
 
 
 def test_auto_keeps_mixed_on_large_problems(monkeypatch):

@@ -1,32 +1,44 @@
-"""The default planner: seed 003's Mixed, then a MILP polish when it can pay off.
+"""The default planner: seed 003's Mixed, then as much more search as can pay off.
 
-Why (measured by ``include/benchmarks/plan_benchmark.py``, see ``docs/planning.md``):
-Mixed is fast at any size and keeps the routing table within A_max, but on seed 003's
-workload it moves about twice the state of the migration lower bound; the MILP of seed
-002 (warm-started) lands within a few percent of that bound on 10^4 keys in well under
-a second, with A_max in the model, but it gets slow on millions of keys. So:
+Why (measured by ``include/benchmarks/plan_benchmark.py`` and ``auto_benchmark.py``, see
+``docs/planning.md``): Mixed is fast at any size and keeps the routing table within
+A_max, but on seed 003's workload it moves about 1.3-1.7x the state of the migration
+lower bound; the MILP of seed 002 (warm-started) gets close to the bound on 10^4 keys,
+but it needs seconds, and most of what it finds the integer knapsack covers of
+:mod:`rebalance.bounds` already give. So auto climbs a ladder and stops at the first
+rung that is good enough (issue 11: "stop as soon as more search cannot pay"):
 
-1. Run Mixed (:class:`~rebalance.planners.llfd.MixedPlanner`).
-2. Stop there when polishing cannot pay off: Mixed is feasible and already within
-   :data:`GOOD_ENOUGH` of the migration lower bound, or the problem is larger than
-   :data:`MILP_MAX_KEYS` keys, or less than :data:`MIN_MILP_SECONDS` of
-   ``params.time_limit`` is left.
-3. Otherwise run the MILP (:class:`~rebalance.planners.milp.MilpPlanner`) warm-started
-   from Mixed's assignment with MILP_SHARE of the time left. The MILP models A_max
-   (table size = keys off their default instance) and itself applies :func:`fit_table`
-   to its result: keys it moves anyway go to their default instance where that stays
-   within L_max (free), and only if the rounding of its light keys left the table above
-   A_max, keys go back home, cheapest first. Auto applies :func:`fit_table` again only as
-   a fallback, if the MILP's plan still exceeds A_max (e.g. it returned its start).
+1. Run Mixed (:class:`~rebalance.planners.llfd.MixedPlanner`). Keep it when it is
+   feasible and within :data:`GOOD_ENOUGH` of its combinatorial lower bound, or the
+   problem has more than :data:`MILP_MAX_KEYS` keys, or there is no load.
+2. The **cover plan** (:func:`cover_plan`): the best max load any plan can reach is
+   L = max(L_max, heaviest key); every instance above L sheds the cheapest set of keys
+   that covers its excess (a 0/1 knapsack cover per instance, solved by HiGHS in
+   :func:`rebalance.bounds.knapsack_covers`, whose dual bounds sum to the integer lower
+   bound), and those keys are placed, heaviest first, where they fit under L (their
+   default instance first, then best fit). When they all fit, the plan is optimal up to
+   the covers' gaps: its migration is the covers' state and the bound is their dual
+   bounds. Keep the better of Mixed and the cover plan when it reaches L within
+   :data:`GOOD_ENOUGH` of that integer bound (this also stops at once on a key heavier
+   than L_max, where no search can lower the imbalance).
+3. Otherwise the MILP polish (:class:`~rebalance.planners.milp.MilpPlanner`),
+   warm-started from the better plan, with at most :data:`POLISH_SECONDS` of solver time
+   (and never more than MILP_SHARE of what is left of ``params.time_limit``, still the
+   hard cap), a model sized for that budget, and HiGHS told to stop as soon as its
+   incumbent is within GOOD_ENOUGH of the integer bound (``objective_target``) or its
+   gap is below :data:`MILP_GAP`. Keys it moves anyway go to their default instance where
+   that stays within L_max; if the table still exceeds A_max, :func:`fit_table` is the
+   fallback.
 4. Keep the better plan: feasible beats infeasible; among feasible plans the one that
-   migrates fewer bytes (ties: smaller table, then Mixed); among infeasible ones the
-   lower imbalance, then less migration.
+   migrates fewer bytes (ties: smaller table, then the earlier plan); among infeasible
+   ones the lower imbalance, then less migration.
 
-Deterministic: Mixed is; the MILP runs single-threaded with a fixed seed, a model size
-that follows ``params.time_limit`` only, and stops at a relative gap of :data:`MILP_GAP`.
-Only a MILP stopped by the deadline before it reaches that gap (a much slower machine,
-or a very short time limit) can differ between runs, and auto then still returns a plan
-at least as good as Mixed's; the notes show the solver status.
+Deterministic: Mixed and the cover plan are (each cover is HiGHS single-threaded with a
+fixed seed; a cover stopped by its 0.3 s limit keeps its best set, which on a much
+slower machine can differ); the MILP stops on the target or the gap before its budget
+on most problems; only a MILP stopped by its deadline can differ between runs, and auto
+then still returns a plan at least as good as the cover plan's; the notes say which
+rung was kept and why.
 """
 
 from __future__ import annotations
@@ -35,25 +47,38 @@ import time
 
 import numpy as np
 
+from ..bounds import knapsack_covers
 from ..model import Plan, PlanParams, Problem
-from .base import Planner, Proposal
+from .base import Planner, Proposal, finish_plan
 
-#: Mixed within this fraction above the lower bound: no polish (the MILP gains little).
+#: Mixed or the cover plan within this fraction above the integer lower bound: stop.
 GOOD_ENOUGH = 0.02
 #: Above this many keys the MILP's disaggregation and model building alone exceed the
 #: one-second planning target of the benchmark; auto returns Mixed's plan.
 MILP_MAX_KEYS = 200_000
 #: The MILP needs at least this much time left to be worth starting.
 MIN_MILP_SECONDS = 0.2
-#: Relative MIP gap at which the polish stops (well inside the 10 % target; stopping on
-#: the gap rather than the deadline keeps auto deterministic).
+#: Relative MIP gap at which the polish stops.
 MILP_GAP = 0.01
-#: Share of the time left after Mixed that the MILP gets (it overruns its limit a little).
+#: Share of the time left after the cover plan that the MILP may get (it overruns its
+#: limit a little: model hand-over, disaggregation, evaluation).
 MILP_SHARE = 0.75
+#: Rounds of repair of the cover plan (instances still above the bound shed more keys).
+REPAIR_ROUNDS = 3
+#: Instances (those with the most room) a key that fits nowhere may evict lighter keys from.
+EVICT_CANDIDATES = 8
+#: Seconds HiGHS may spend on one repair cover.
+REPAIR_COVER_SECONDS = 0.1
+#: Seconds of search the MILP polish gets at most, whatever the time limit. Measured
+#: (``auto_benchmark.py``, 8 plans each of 4 workloads of 800-10 000 keys, N = 15-64):
+#: HiGHS spent the former 7.5 s mostly on root cuts and found its improvements, if
+#: any, in a sub-MIP heuristic near the deadline; after the cover plan the MILP rarely
+#: improves by more than GOOD_ENOUGH, and 1.2 s keeps the median plan under 2 s.
+POLISH_SECONDS = 1.2
 
 
 class AutoPlanner(Planner):
-    """Mixed, polished by a warm-started MILP when small enough and worthwhile."""
+    """Mixed, then the knapsack-cover plan, then a short MILP polish, while they can pay."""
 
     name = "auto"
     cover_bound = True
@@ -71,59 +96,224 @@ class AutoPlanner(Planner):
                 f"{MILP_MAX_KEYS}", *_prefixed("mixed", proposal.notes)])
         mixed = MixedPlanner().plan(problem, params)
         notes = [f"mixed: {_summary(mixed)}"]
-        skip = self._skip_reason(problem, params, mixed, time.perf_counter() - t0)
+        skip = self._skip_reason(problem, params, mixed)
         if skip:
             notes.append(f"kept Mixed's plan: {skip}")
             return Proposal(mixed.assignment, notes + _prefixed("mixed", mixed.notes))
-        from .milp import MilpPlanner, _max_explicit_keys, _max_returns
 
-        # The MILP overruns its limit a little (model hand-over, disaggregation) and the
-        # table fit and evaluation follow: it gets MILP_SHARE of the time left.
+        # Rung 2: the integer bound at the best reachable max load, and the plan of its covers.
+        target = max(problem.max_load(params.theta), float(problem.load.max()))
+        best, bound = mixed, None
+        t1 = time.perf_counter()
+        covers = knapsack_covers(problem, target)
+        if covers is not None and np.isfinite(covers[0]):
+            bound = covers[0]
+            for attempt in ("", "restricted to keys that fit, "):
+                if attempt and best.method == "cover":
+                    break  # the covers were placed: restricting them only costs more moves
+                if attempt:
+                    # Keys heavier than the most room any instance has cannot leave.
+                    fits = problem.load <= _largest_room(problem, target)
+                    covers = knapsack_covers(problem, target, movable=fits)
+                placed = cover_plan(problem, covers[1], target)
+                if placed is None:
+                    notes.append(f"cover plan ({attempt}covers): no placement under "
+                                 f"{target:.6g}")
+                    continue
+                cover = finish_plan("cover", problem, params, Proposal(placed),
+                                    time.perf_counter() - t1)
+                notes.append(f"cover plan ({attempt}{'exact' if covers[2] else 'partly greedy'}"
+                             f" covers): {_summary(cover)}")
+                if _better(cover, best):
+                    best = cover
+                if cover.metrics.migration_bytes <= (1 + GOOD_ENOUGH) * bound:
+                    break
+            m = best.metrics
+            if (m.max_load_after <= target * (1 + 1e-9)
+                    and m.migration_bytes <= (1 + GOOD_ENOUGH) * bound):
+                notes.append(f"kept {_name(best)}: within {GOOD_ENOUGH:.0%} of the integer "
+                             f"lower bound ({bound:.0f} bytes) at the best reachable max load")
+                return Proposal(best.assignment, notes + _prefixed(_name(best), best.notes),
+                                cover_bound=(target, bound))
         left = MILP_SHARE * (params.time_limit - (time.perf_counter() - t0))
-        # Determinism: the model size follows the configured time limit (not the time
-        # left, which varies), and HiGHS stops at a relative gap, not at the deadline.
-        sized = PlanParams(theta=params.theta, budget_keys=params.budget_keys,
-                           time_limit=MILP_SHARE * params.time_limit, extra=params.extra)
-        extra = dict(params.extra, warm_start=mixed.assignment,
-                     milp_max_keys=params.extra.get("milp_max_keys",
-                                                    _max_explicit_keys(problem, sized)),
-                     milp_max_returns=params.extra.get("milp_max_returns",
-                                                       _max_returns(sized)),
-                     highs_options={"mip_rel_gap": MILP_GAP,
-                                    **params.extra.get("highs_options", {})})
-        milp_params = PlanParams(theta=params.theta, beta=params.beta, max_table=params.max_table,
-                                 budget_bytes=params.budget_bytes, budget_keys=params.budget_keys,
-                                 time_limit=left, seed=params.seed, extra=extra)
-        # auto's own finish_plan computes the integer cover bound for the plan it keeps.
-        milp = MilpPlanner().plan(problem, milp_params, cover_bound=False)
-        notes.append(f"milp polish ({left:.2f} s, warm start = Mixed): {_summary(milp)}")
+        if min(left, POLISH_SECONDS) < MIN_MILP_SECONDS:
+            notes.append(f"kept {_name(best)}: less than {MIN_MILP_SECONDS} s of the time limit "
+                         "left for a MILP polish")
+            return Proposal(best.assignment, notes + _prefixed(_name(best), best.notes),
+                            cover_bound=None if bound is None else (target, bound))
+
+        # Rung 3: a short MILP polish from the better plan.
+        milp = self._polish(problem, params, best, min(left, POLISH_SECONDS), bound)
+        notes.append(f"milp polish ({min(left, POLISH_SECONDS):.2f} s, warm start = "
+                     f"{_name(best)}): {_summary(milp)}")
         # The MILP models A_max (and fits its own rounding); this is only a fallback.
         over = params.max_table is not None and milp.metrics.table_size > params.max_table
         fitted, moved_back = fit_table(problem, params, milp.assignment) if over else (None, 0)
         if moved_back:
-            from .base import finish_plan
-
             milp = finish_plan("milp", problem, params, Proposal(fitted), milp.plan_seconds)
             notes.append(f"table fit (A_max = {params.max_table}): {moved_back} key(s) sent back "
                          f"to their default instance: {_summary(milp)}")
-        best = milp if _better(milp, mixed) else mixed
-        notes.append(f"chose {'the MILP polish' if best is milp else 'Mixed'}")
-        return Proposal(best.assignment, notes + _prefixed(best.method, best.notes),
-                        solver_bound=milp.solver_bound)
+        chosen = milp if _better(milp, best) else best
+        notes.append(f"chose {'the MILP polish' if chosen is milp else _name(best)}")
+        return Proposal(chosen.assignment, notes + _prefixed(chosen.method, chosen.notes),
+                        solver_bound=milp.solver_bound,
+                        cover_bound=None if bound is None else (target, bound))
 
     @staticmethod
-    def _skip_reason(problem: Problem, params: PlanParams, mixed: Plan, spent: float) -> str | None:
+    def _polish(problem: Problem, params: PlanParams, start: Plan, seconds: float,
+                bound: float | None) -> Plan:
+        from .milp import MilpPlanner, _max_explicit_keys, _max_returns
+
+        # Determinism: the model size follows the polish budget (not the time left, which
+        # varies), and HiGHS stops at the target or the gap, usually before the deadline.
+        sized = PlanParams(theta=params.theta, budget_keys=params.budget_keys,
+                           time_limit=min(POLISH_SECONDS, MILP_SHARE * params.time_limit),
+                           extra=params.extra)
+        highs = {"mip_rel_gap": MILP_GAP}
+        total_state = float(problem.state.sum())
+        if bound is not None and total_state > 0:
+            # the MILP's objective is the migrated share of the state (plus tie-breakers)
+            highs["objective_target"] = (1 + GOOD_ENOUGH) * bound / total_state
+        extra = dict(params.extra, warm_start=start.assignment,
+                     milp_max_keys=params.extra.get("milp_max_keys",
+                                                    _max_explicit_keys(problem, sized)),
+                     milp_max_returns=params.extra.get("milp_max_returns",
+                                                       _max_returns(sized)),
+                     highs_options={**highs, **params.extra.get("highs_options", {})})
+        milp_params = PlanParams(theta=params.theta, beta=params.beta, max_table=params.max_table,
+                                 budget_bytes=params.budget_bytes, budget_keys=params.budget_keys,
+                                 time_limit=seconds, seed=params.seed, extra=extra)
+        # auto's own finish_plan computes the integer cover bound for the plan it keeps.
+        return MilpPlanner().plan(problem, milp_params, cover_bound=False)
+
+    @staticmethod
+    def _skip_reason(problem: Problem, params: PlanParams, mixed: Plan) -> str | None:
         m = mixed.metrics
         if mixed.feasible and m.migration_bytes <= (1 + GOOD_ENOUGH) * mixed.lower_bound_bytes:
             return (f"it is within {GOOD_ENOUGH:.0%} of the migration lower bound "
                     f"({mixed.lower_bound_fraction:.4%})")
-        if problem.n_keys > MILP_MAX_KEYS:
-            return f"{problem.n_keys} keys exceed the MILP polish limit of {MILP_MAX_KEYS}"
-        if MILP_SHARE * (params.time_limit - spent) < MIN_MILP_SECONDS:
-            return f"less than {MIN_MILP_SECONDS} s of the time limit left for a MILP polish"
         if float(problem.load.sum()) <= 0:
             return "no load to balance"
         return None
+
+
+def cover_plan(problem: Problem, moving: np.ndarray, max_load: float,
+               rounds: int = REPAIR_ROUNDS) -> np.ndarray | None:
+    """The current assignment with the keys ``moving`` (e.g. knapsack covers) placed where
+    they fit under ``max_load``, then repaired; None when some instance stays above.
+
+    Placement: heaviest first, on the key's default instance when it is active, not its
+    current one and has room (this keeps the routing table small), else on the active
+    instance with the least room that still fits (best fit). A key that fits nowhere
+    makes room, as seed 003's ADJUST does: among the :data:`EVICT_CANDIDATES` instances
+    with the most room, the one that can free enough room most cheaply sheds lighter keys
+    (by increasing state per load), which are placed in turn; if they do not all fit, the
+    key stays where it is. Repair, for up to ``rounds`` rounds: every instance still
+    above ``max_load`` sheds the cheapest set of its other keys that carries its excess
+    among those that fit in the largest room left (a knapsack cover again), placed the
+    same way.
+    """
+    from ..bounds import _greedy_cover, min_knapsack_cover
+
+    a = problem.current.copy()
+    moving = np.asarray(moving, dtype=np.int64)
+    a[moving] = -1
+    loads = problem.instance_loads(a)
+    room = np.where(problem.active, max_load * (1 + 1e-12) - loads, -np.inf)
+    load, state = problem.load, problem.state
+    stuck = np.zeros(problem.n_keys, dtype=bool)
+
+    def fit(k: int, exclude: int = -1) -> int:
+        """Where key k goes without evicting anything (-1: nowhere)."""
+        c, own, home = float(load[k]), int(problem.current[k]), int(problem.default[k])
+        if home != own and home != exclude and room[home] >= c:
+            return home
+        fits = room >= c
+        if 0 <= own < problem.n_instances:
+            fits[own] = False
+        if exclude >= 0:
+            fits[exclude] = False
+        candidates = np.flatnonzero(fits)
+        return int(candidates[np.argmin(room[candidates])]) if len(candidates) else -1
+
+    def evict(k: int) -> bool:
+        """Make room for key k on the instance that frees it most cheaply (ADJUST)."""
+        c, own = float(load[k]), int(problem.current[k])
+        best = None
+        for i in np.argsort(-room)[:EVICT_CANDIDATES]:
+            if i == own or not problem.active[i] or room[i] >= c:
+                continue
+            keys = np.flatnonzero((a == i) & ~stuck & (load > 0) & (load < c))
+            need = c - float(room[i])
+            if float(load[keys].sum()) < need:
+                continue
+            chosen = keys[_greedy_cover(load[keys], state[keys], need)]
+            cost = float(state[chosen].sum())
+            if best is None or cost < best[2]:
+                best = (int(i), chosen, cost)
+        if best is None:
+            return False
+        i, chosen, _ = best
+        saved_a, saved_room = a[chosen].copy(), room.copy()
+        room[i] += float(load[chosen].sum()) - c
+        a[k] = i
+        for e in chosen[np.argsort(-load[chosen], kind="stable")]:
+            target = fit(int(e), exclude=i)
+            if target < 0:  # undo: k stays where it is
+                a[chosen], room[:] = saved_a, saved_room
+                a[k] = -1
+                return False
+            a[e] = target
+            room[target] -= float(load[e])
+        return True
+
+    def place(keys: np.ndarray) -> bool:
+        """Place ``keys`` (off every instance); False if one must move and fits nowhere."""
+        for k in keys[np.argsort(-load[keys], kind="stable")]:
+            target = fit(int(k))
+            if target < 0:
+                if evict(int(k)):
+                    continue
+                own = int(problem.current[k])
+                if not (0 <= own < problem.n_instances and problem.active[own]):
+                    return False  # a key that must move fits nowhere
+                target = own
+                stuck[k] = True
+            a[k] = target
+            room[target] -= float(load[k])
+        return True
+
+    if not place(moving):
+        return None
+    for _ in range(rounds):
+        over = np.flatnonzero(room < 0)
+        if len(over) == 0:
+            return a
+        for d in over:
+            keys = np.flatnonzero((a == d) & ~stuck & (load > 0))
+            keys = keys[load[keys] <= room.max()]
+            if len(keys) == 0:
+                continue
+            chosen = keys[min_knapsack_cover(load[keys], state[keys], float(-room[d]),
+                                             REPAIR_COVER_SECONDS)]
+            room[d] += float(load[chosen].sum())
+            a[chosen] = -1
+            if not place(chosen):
+                return None
+    return a if (room >= 0).all() else None
+
+
+def _largest_room(problem: Problem, max_load: float) -> float:
+    """The most load an active instance can take under ``max_load`` as things are now."""
+    stay = ~problem.must_move()
+    loads = np.bincount(problem.current[stay], weights=problem.load[stay],
+                        minlength=problem.n_instances)[:problem.n_instances]
+    room = (max_load - loads)[problem.active]
+    return float(room.max()) if len(room) else 0.0
+
+
+def _name(plan: Plan) -> str:
+    return {"mixed": "Mixed", "cover": "the cover plan"}.get(plan.method, plan.method)
 
 
 def _better(a: Plan, b: Plan) -> bool:

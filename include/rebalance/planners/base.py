@@ -19,6 +19,9 @@ class Proposal:
     assignment: np.ndarray
     notes: list[str] = field(default_factory=list)
     solver_bound: float | None = None
+    #: (max load, bytes): an integer knapsack-cover bound the planner already computed
+    #: for that max load; ``finish_plan`` reuses it instead of solving the covers again.
+    cover_bound: tuple[float, float] | None = None
 
 
 class Planner(ABC):
@@ -91,7 +94,9 @@ def finish_plan(method: str, problem: Problem, params: PlanParams, proposal: Pro
     lb = migration_lower_bound(problem, target, max_table=table)
     notes = list(proposal.notes)
     if cover_bound:
-        whole = cover_lower_bound(problem, target)
+        known = proposal.cover_bound
+        whole = (known[1] if known is not None and abs(known[0] - target) <= 1e-12 * target
+                 else cover_lower_bound(problem, target))
         if whole is None:
             notes.append("lower bound: combinatorial (integer cover bound not computed: "
                          "too many keys on overloaded instances)")

@@ -238,6 +238,52 @@ class _HighsWithStart(pulp.HiGHS):
         self._deadline = deadline
         self._highs_options = dict(highs_options or {})
 
+    def buildSolverModel(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's name)
+        """PuLP's model hand-over in bulk: one ``addCols``, one ``changeColsIntegrality``
+        and one ``addRows`` call instead of one call per column and row. Measured on a
+        polish of 5000 keys, N = 64 (22 464 binaries): 2.3 s -> 0.5 s, most of which was
+        22 464 ``changeColIntegrality`` calls (1.45 s)."""
+        h = lp.solverModel
+        inf = highspy.kHighsInf
+        variables = lp.variables()
+        n = len(variables)
+        objective = lp.objective
+        sign = -1.0 if lp.sense == pulp.LpMaximize else 1.0
+        cost = np.fromiter((sign * objective.get(v, 0.0) for v in variables), np.float64, n)
+        lower = np.fromiter((-inf if v.lowBound is None else v.lowBound for v in variables),
+                            np.float64, n)
+        upper = np.fromiter((inf if v.upBound is None else v.upBound for v in variables),
+                            np.float64, n)
+        for i, v in enumerate(variables):
+            v.index = i
+        none_i, none_f = np.zeros(0, dtype=np.int32), np.zeros(0)
+        h.addCols(n, cost, lower, upper, 0, none_i, none_i, none_f)
+        if self.mip:
+            integer = np.fromiter((v.index for v in variables if v.cat == pulp.LpInteger),
+                                  np.int32)
+            if len(integer):
+                h.changeColsIntegrality(len(integer), integer,
+                                        np.full(len(integer), highspy.HighsVarType.kInteger))
+        constraints = list(lp._constraints.values())
+        row_lower = np.empty(len(constraints))
+        row_upper = np.empty(len(constraints))
+        starts = np.empty(len(constraints), dtype=np.int32)
+        index: list[int] = []
+        value: list[float] = []
+        for i, c in enumerate(constraints):
+            c.index = i
+            starts[i] = len(index)
+            for v, coefficient in c.items():
+                if coefficient != 0:
+                    index.append(v.index)
+                    value.append(coefficient)
+            lb, ub = c.getLb(), c.getUb()
+            row_lower[i] = -inf if lb is None else lb
+            row_upper[i] = inf if ub is None else ub
+        if constraints:
+            h.addRows(len(constraints), row_lower, row_upper, len(index), starts,
+                      np.asarray(index, dtype=np.int32), np.asarray(value, dtype=np.float64))
+
     def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (PuLP's name)
         h = lp.solverModel
         h.setOptionValue("time_limit", max(MIN_SOLVE_SECONDS, self._deadline - time.perf_counter()))
