@@ -282,7 +282,7 @@ def _window_ns(col) -> np.ndarray:
     if not pd.api.types.is_datetime64_any_dtype(series.dtype):
         # Parse each distinct value once (a CSV repeats a few windows over many rows).
         codes, uniques = pd.factorize(series)
-        parsed = np.append(_parse_times(pd.Series(uniques, dtype=object)),
+        parsed = np.append(_parse_times(pd.Series(uniques, dtype=object), mixed=True),
                            np.iinfo(np.int64).min)  # code -1 (missing) -> the last: NaT
         values = parsed[codes]
     else:
@@ -293,14 +293,17 @@ def _window_ns(col) -> np.ndarray:
     return values
 
 
-def _parse_times(series) -> np.ndarray:
-    """int64 ns (NaT = int64 min) of a pandas series of times, strings or numbers."""
+def _parse_times(series, mixed: bool = False) -> np.ndarray:
+    """int64 ns (NaT = int64 min) of a pandas series of times, strings or numbers.
+    ``mixed``: each value parsed on its own (the distinct values of a text column, which
+    may mix ISO formats and offsets), instead of one format inferred from the first."""
     import pandas as pd
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # format-inference warnings: the error says it
-            ws = pd.to_datetime(series, utc=True)
+            strings = mixed and series.map(lambda v: isinstance(v, str)).all()
+            ws = pd.to_datetime(series, utc=True, format="mixed" if strings else None)
             out = ws.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]")
     except (ValueError, TypeError, OverflowError) as exc:
         raise InputError(f"histograms column 'window_start' is not a timestamp: "

@@ -91,7 +91,8 @@ def _raw_buffers(keys) -> tuple[np.ndarray, np.ndarray]:
     _, off_buf, data_buf = keys.buffers()
     wide = pa.types.is_large_string(keys.type)
     dtype = np.int64 if wide else np.int32
-    offsets = (np.frombuffer(off_buf, dtype=dtype, count=n + 1, offset=keys.offset * (8 if wide else 4))
+    offsets = (np.frombuffer(off_buf, dtype=dtype, count=n + 1,
+                             offset=keys.offset * np.dtype(dtype).itemsize)
                if off_buf is not None else np.zeros(n + 1, dtype=dtype))
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None \
         else np.zeros(0, dtype=np.uint8)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -238,3 +240,82 @@ def test_console_script_runs(inputs, tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "--theta" in bad.stderr
     assert not (tmp_path / "o2").exists()
+
+
+# ------------------------------------------------ issue 14: refusals of a hostile user
+def _console(args, timeout=60):
+    """``rebalance plan ...`` as its own process: what a user sees on stdout and stderr."""
+    exe = Path(sys.executable).with_name("rebalance")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "rebalance.cli"]
+    return subprocess.run([*cmd, "plan", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _huge(tmp_path, name, **columns):
+    frame = histogram_frame(n_keys=5, windows=1)
+    for col, value in columns.items():
+        frame[col] = value
+    path = tmp_path / name
+    frame.to_parquet(path)
+    return path
+
+
+@pytest.mark.parametrize("case", ["cost 1e308", "count 2^62", "instances 10^9", "out /proc",
+                                  "out under a file", "window text", "state inf"])
+def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(case, tmp_path):
+    good = tmp_path / "good.parquet"
+    histogram_frame(n_keys=5, windows=1).to_parquet(good)
+    (tmp_path / "afile").write_text("x")
+    window_text = tmp_path / "text.csv"
+    histogram_frame(n_keys=5, windows=1).assign(window_start="yesterday noon") \
+        .to_csv(window_text, index=False)
+    out = tmp_path / "fresh" / "out"
+    args, match = {
+        "cost 1e308": (["--histograms", _huge(tmp_path, "c.parquet", cost=1e308)],
+                       r"'cost' sums to inf"),
+        "count 2^62": (["--histograms", _huge(tmp_path, "n.parquet", count=2 ** 62)],
+                       r"'count' sums to"),
+        "instances 10^9": (["--histograms", good, "--instances", 1_000_000_000],
+                           r"--instances must be <= 4096"),
+        "out /proc": (["--histograms", good, "--out", "/proc/foo"], r"cannot be created"),
+        "out under a file": (["--histograms", good, "--out", tmp_path / "afile" / "x"],
+                             r"cannot be created"),
+        "window text": (["--histograms", window_text], r"not a timestamp"),
+        "state inf": (["--histograms", _huge(tmp_path, "s.parquet", state_bytes=float("inf"))],
+                      r"'state_bytes' must be finite"),
+    }[case]
+    flags = {"--histograms": good, "--instances": 4, "--method": "mixed", "--out": out}
+    for i in range(0, len(args), 2):
+        flags[args[i]] = args[i + 1]
+    t0 = time.perf_counter()
+    done = _console([x for kv in flags.items() for x in kv])
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr  # no warning, no traceback
+    assert lines[0].startswith("rebalance plan: error: ") and re.search(match, lines[0]), lines[0]
+    assert not out.exists() and not out.parent.exists()
+    assert not list(tmp_path.glob(".*probe*"))
+    if case == "instances 10^9":
+        assert time.perf_counter() - t0 < 20  # refused before reading anything
+
+
+def test_plan_json_records_where_the_time_went(inputs, tmp_path, capsys):
+    h, _ = inputs
+    code, _, err = run(["--histograms", h, "--instances", 3, "--method", "mixed",
+                        "--out", tmp_path / "o"], capsys)
+    assert code == 0, err
+    timings = json.loads((tmp_path / "o" / "plan.json").read_text())["timings"]
+    assert set(timings) >= {"input_seconds", "plan_seconds", "write_seconds"}
+    assert all(v >= 0 for v in timings.values())
+
+
+def test_plan_reads_parquet_without_importing_pandas(inputs, tmp_path):
+    h, _ = inputs
+    code = ("import sys\nfrom rebalance import cli\n"
+            f"rc = cli.main(['plan', '--histograms', {str(h)!r}, '--instances', '3', "
+            f"'--method', 'mixed', '--out', {str(tmp_path / 'o')!r}])\n"
+            "print('pandas' in sys.modules, rc)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "False 0", done.stderr

@@ -144,3 +144,95 @@ def test_readers(tmp_path):
     (tmp_path / "junk.parquet").write_text("not parquet")
     with pytest.raises(InputError, match="as Parquet"):
         read_histograms(tmp_path / "junk.parquet")
+
+
+# ------------------------------------------------------------- scale: columns, order, limits
+import pyarrow as pa  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rebalance.histograms import (MAX_TOTAL, read_histogram_table, sorted_keys,  # noqa: E402
+                                  string_order, window_matrices)
+from rebalance.model import MAX_INSTANCES  # noqa: E402
+
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(TEXT, st.sampled_from(["a", "a\x00", "a\x00\x00", "ab", "abcdefgh",
+                                                 "abcdefgh\x00", "abcdefghi", "é", ""])),
+                max_size=80))
+def test_string_order_is_code_point_order_and_groups_equal_keys(keys):
+    order = string_order(pa.array(keys, pa.string()))
+    assert [keys[i] for i in order] == sorted(keys)
+    distinct, (pos,) = sorted_keys(pa.array(keys, pa.large_string()))
+    assert distinct.to_pylist() == sorted(set(keys))
+    assert [distinct[int(p)].as_py() for p in pos] == keys
+
+
+def test_sorted_keys_of_two_arrays_share_one_key_order():
+    hist, assign = pa.array(["b", "a", "c", "a"]), pa.array(["zz", "a", "b\x00"])
+    keys, (ph, pa_) = sorted_keys(hist, assign)
+    assert keys.to_pylist() == ["a", "b", "b\x00", "c", "zz"]
+    assert ph.tolist() == [1, 0, 3, 0] and pa_.tolist() == [4, 0, 2]
+
+
+def test_arrow_and_pandas_input_give_the_same_problem():
+    f = rows(*[(w, f"k{i}", (i * 7 + w) % 11 + 1, None, 10 * i + w) for w in range(3)
+               for i in range(40)])
+    assign = pd.DataFrame({"key": ["k3", "new"], "instance": [1, 2]})
+    p1, s1 = build_problem(f, 3, assign, windows=2)
+    p2, s2 = build_problem(pa.Table.from_pandas(f, preserve_index=False), 3,
+                           pa.Table.from_pandas(assign, preserve_index=False), windows=2)
+    assert p1.keys.tolist() == p2.keys.tolist() and s1 == s2
+    for name in ("load", "state", "current", "default", "key_group", "load_series"):
+        assert np.array_equal(getattr(p1, name), getattr(p2, name)), name
+
+
+def test_csv_windows_are_parsed_once_per_distinct_value(tmp_path):
+    f = rows((0, "a", 1), (1, "b", 2), (1, "a", 3))
+    f.to_csv(tmp_path / "h.csv", index=False)
+    table = read_histogram_table(tmp_path / "h.csv")
+    p, s = build_problem(table, 2, windows=2)
+    assert p.keys.tolist() == ["a", "b"] and p.load.tolist() == [2.0, 1.0]
+    assert s["windows"] == ["2024-01-01T00:00:00+00:00", "2024-01-01T00:01:00+00:00"]
+    # ISO text, other offsets, naive times: all UTC
+    text = pd.DataFrame({"window_start": ["2024-01-01T01:00:00+01:00", "2024-01-01 00:00:00"],
+                         "key": ["x", "y"], "count": [1, 2]})
+    assert build_problem(text, 2)[1]["windows_available"] == 1
+
+
+def test_totals_above_2_to_the_53_are_refused():
+    with pytest.raises(InputError, match=r"'cost' sums to .*2\^53"):
+        problem_from_histograms(rows((0, "a", 1, 1e308), (0, "b", 1, 1e308)), 2)
+    with pytest.raises(InputError, match=r"'count' sums to"):
+        problem_from_histograms(rows((0, "a", 2 ** 62), (0, "b", 2 ** 62)), 2)
+    # up to the limit: accepted
+    p = problem_from_histograms(rows((0, "a", 1, MAX_TOTAL / 2), (0, "b", 1, MAX_TOTAL / 2)), 2)
+    assert float(p.load.sum()) == MAX_TOTAL
+
+
+def test_instances_above_the_key_groups_are_refused():
+    with pytest.raises(InputError, match=f"<= {MAX_INSTANCES}"):
+        problem_from_histograms(rows((0, "a", 1)), MAX_INSTANCES + 1)
+    assert problem_from_histograms(rows((0, "a", 1)), MAX_INSTANCES).n_instances == MAX_INSTANCES
+
+
+def test_window_matrices_equal_one_problem_per_window():
+    f = rows(*[(w, f"k{i}", (i + 3 * w) % 7, None, i * (w + 1)) for w in range(3)
+               for i in range(25) if (i + w) % 4])
+    m = window_matrices(f, 4)
+    for t, w in enumerate(sorted(f["window_start"].unique())):
+        p = problem_from_histograms(f[f["window_start"] == w], 4)
+        pos = np.searchsorted(m["keys"].astype(str), p.keys.astype(str))
+        assert np.array_equal(m["load"][t, pos], p.load)
+        assert np.array_equal(m["state"][t, pos], p.state)
+        assert np.array_equal(m["default"][pos], p.default)
+
+
+def test_refusals_print_no_library_warning(recwarn):
+    with pytest.raises(InputError, match="not a timestamp"):
+        problem_from_histograms(rows((0, "a", 1)).assign(window_start=["yesterday noon"]), 2)
+    with pytest.raises(InputError, match="must be finite"):
+        problem_from_histograms(rows((0, "a", 1)).assign(count=[float("inf")]), 2)
+    assert not [w for w in recwarn if not issubclass(w.category, DeprecationWarning)]

@@ -268,8 +268,8 @@ def plot_scale(summary: Sequence[dict[str, Any]], path: Path) -> Path:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("keys K")
-        ax.set_title(f"rebalance plan, N = {SCALE_INSTANCES}, theta = {SCALE_THETA}, "
-                     f"{'explicit assignment' if placement == 'assignment' else 'default placement'}",
+        where = "explicit assignment" if placement == "assignment" else "default placement"
+        ax.set_title(f"rebalance plan, N = {SCALE_INSTANCES}, theta = {SCALE_THETA}, {where}",
                      fontsize=9)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("seconds (median of runs; red: target)")

@@ -202,46 +202,38 @@ def perturbation_trace(n_instances: int = 20, n_groups: int = 400, intervals: in
 # --------------------------------------------------------------------------- histograms
 
 def read_histograms(path: str):
-    """A histogram table (Delta directory, Parquet file or directory, or CSV) as a frame,
-    through :func:`rebalance.histograms.read_histograms` (Spark only for Delta)."""
-    from ..histograms import read_histograms as _read
+    """A histogram table (Delta directory, Parquet file or directory, or CSV) as rows,
+    through :func:`rebalance.histograms.read_histogram_table` (Spark only for Delta; a
+    pyarrow table for Parquet and CSV, a pandas frame for Delta)."""
+    from ..histograms import read_histogram_table
 
-    return _read(path)
+    return read_histogram_table(path)
 
 
 def histogram_trace(frame, n_instances: int, name: str = "histograms") -> Trace:
-    """A trace from a histogram frame: one interval per distinct window_start.
+    """A trace from histogram rows (pandas frame or pyarrow table): one interval per
+    distinct window_start.
 
-    Each window becomes a problem through :func:`rebalance.histograms.problem_from_histograms`
-    (the project's one definition of load and state from a histogram), then the windows
-    are aligned on the union of the keys (a key absent from a window has no load and no
-    state there). The table reports the state a key holds at each window close, so the
-    trace's state is a snapshot (``state_is_snapshot``): the replay takes the latest
-    window's, never a sum. Keys start on their default instance.
+    Every window is aggregated at once by :func:`rebalance.histograms.window_matrices`,
+    the same aggregation as ``rebalance plan`` and the DAG (rows of a (window, key)
+    merged: cost summed, state the maximum; keys in byte order), so window t gives the
+    load and state that :func:`rebalance.histograms.problem_from_histograms` gives for
+    that window's rows alone, and a key absent from a window has no load and no state
+    there. The table reports the state a key holds at each window close, so the trace's
+    state is a snapshot (``state_is_snapshot``): the replay takes the latest window's,
+    never a sum. Keys start on their default instance. (This replaced one problem per
+    window aligned by a Python dict: at 10^6 keys the aggregation is now the same
+    vectorised pass as ``rebalance plan``'s, see ``docs/evaluation.md``.)
     """
-    from ..histograms import problem_from_histograms, validate_histograms
+    from ..histograms import _iso, window_matrices
 
-    frame = validate_histograms(frame)
-    windows = sorted(frame["window_start"].unique())
+    m = window_matrices(frame, n_instances)
+    windows = m["windows"]
     if len(windows) < 2:
         raise PlanningError(f"histogram table has {len(windows)} window(s); replay needs >= 2")
-    per_window = []
-    for w in windows:
-        problem = problem_from_histograms(frame[frame["window_start"] == w], n_instances)
-        per_window.append(problem)
-    keys = np.array(sorted({str(k) for p in per_window for k in p.keys}), dtype=object)
-    index = {k: i for i, k in enumerate(keys)}
-    load = np.zeros((len(windows), len(keys)))
-    state = np.zeros((len(windows), len(keys)))
-    default = np.full(len(keys), -1, dtype=np.int64)
-    for t, p in enumerate(per_window):
-        pos = np.fromiter((index[str(k)] for k in p.keys), dtype=np.int64, count=p.n_keys)
-        load[t, pos] = p.load
-        state[t, pos] = p.state
-        default[pos] = p.default
-    if (default < 0).any():  # pragma: no cover - every key is in some window
-        default[default < 0] = default_instances(keys[default < 0], n_instances)
+    keys = m["keys"]
     info = dict(workload="replay", N=n_instances, windows=len(windows), K=len(keys),
-                first_window=str(windows[0]), last_window=str(windows[-1]))
-    return Trace(name, keys, load, state, n_instances, default, default.copy(), None, info,
-                 state_is_snapshot=True)
+                first_window=_iso(int(windows[0]), sep=" "),
+                last_window=_iso(int(windows[-1]), sep=" "))
+    return Trace(name, keys, m["load"], m["state"], n_instances, m["default"],
+                 m["default"].copy(), None, info, state_is_snapshot=True)
