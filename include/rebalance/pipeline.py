@@ -350,20 +350,25 @@ def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: 
 
     from .spark import tables
 
-    if not tables.exists(spark, tables.ASSIGNMENTS):
-        raise RunSkipped("no assignments table yet (the streaming job creates it at start): "
-                         "nothing to rebalance")
+    deadline = time.monotonic() + windows_wait_seconds()
+    while True:
+        # The job creates its tables at start and writes a window once its watermark
+        # passed it: give a starting or lagging job the time the service allows
+        # (REBALANCE_WINDOWS_WAIT_SECONDS) before skipping. Backfills never wait.
+        try:
+            if not tables.exists(spark, tables.ASSIGNMENTS):
+                raise RunSkipped("no assignments table yet (the streaming job creates it at "
+                                 "start): nothing to rebalance")
+            version, windows = _interval_windows(spark, run, p.lookback_windows)
+            valid = [w for w in windows if w["events"] > 0]
+            if len(valid) >= p.min_windows or run.is_backfill or time.monotonic() >= deadline:
+                break
+        except RunSkipped:
+            if run.is_backfill or time.monotonic() >= deadline:
+                raise
+        time.sleep(WINDOWS_POLL_SECONDS)
     live_version = tables.latest_assignment_version(spark)
     n_instances = tables.assignments_n_instances(spark)
-    version, windows = _interval_windows(spark, run, p.lookback_windows)
-    valid = [w for w in windows if w["events"] > 0]
-    deadline = time.monotonic() + windows_wait_seconds()
-    while len(valid) < p.min_windows and not run.is_backfill and time.monotonic() < deadline:
-        # The job writes a window once the watermark passed it: give a lagging job the
-        # time the service allows (REBALANCE_WINDOWS_WAIT_SECONDS) before skipping.
-        time.sleep(WINDOWS_POLL_SECONDS)
-        version, windows = _interval_windows(spark, run, p.lookback_windows)
-        valid = [w for w in windows if w["events"] > 0]
     where = f"[{run.data_interval_start}, {run.data_interval_end})"
     if len(valid) < p.min_windows:
         raise RunSkipped(f"too few valid windows: {len(valid)} with events in {where}, "
