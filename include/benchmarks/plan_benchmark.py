@@ -28,6 +28,15 @@ Scenarios (workload: :mod:`rebalance.synthetic`, seed 0):
   weights random swaps almost never move a whole mean load onto one instance, so f = 1
   would spend its 10 K draws on every interval).
 
+* ``scale``: the whole ``rebalance plan`` command (process start to files written) at
+  K = 10^4, 10^5, 10^6, 10^7 keys, N = 64, theta = 0.02, Zipf 0.7, one window of Parquet,
+  with the default placement and with an assignment file listing every key, for mixed
+  and auto (:mod:`rebalance.evaluation.scale`, also ``rebalance bench --experiment
+  scale``): median and worst of ``--scale-runs`` runs (the first cold) of wall time,
+  input seconds, plan_seconds, peak RSS, imbalance and migration, issue 11's targets,
+  and a log-log plot of time against K (``--scale-plot``, default
+  ``include/docs/img/plan_scale.png``).
+
 Per planner: the largest imbalance over the counted intervals, the mean migration (as a
 fraction of the total state), the mean and largest table size, the median wall time of
 ``planner.plan()`` (search + evaluation + lower bound; building the problem is not
@@ -226,6 +235,33 @@ def check_targets(results: dict[str, dict[str, dict]]) -> list[tuple[str, bool, 
     return checks
 
 
+def run_scale_scenario(args) -> list[dict]:
+    """Scenario ``scale`` (see the module docstring); prints its table, writes the plot."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rebalance, if not installed
+    from rebalance.evaluation.scale import format_scale, plot_scale, run_scale, summarise_scale
+
+    keys = [int(k) for k in args.scale_keys.split(",")]
+    rows = run_scale(args.scale_workdir, keys=keys, runs=max(1, args.scale_runs),
+                     progress=lambda line: print(f"scale {line}", flush=True))
+    summary = summarise_scale(rows)
+    print(f"\n### scenario scale: rebalance plan end to end, N=64, theta=0.02, Zipf 0.7, one "
+          f"window of Parquet; median (worst) of {args.scale_runs} runs, the first cold")
+    print(format_scale(summary))
+    print(f"plot: {plot_scale(summary, args.scale_plot)}")
+    return summary
+
+
+def scale_targets(summary: list[dict]) -> list[tuple[str, bool, str]]:
+    """Issue 11's targets for the whole command, on the worst run of each point."""
+    checks = []
+    for s in summary:
+        if "pass" in s:
+            checks.append((f"(scale) K={s['K']} {s['placement']} {s['method']}: {s['target']}",
+                           bool(s["pass"]), f"worst {s['wall_max']:.2f} s, "
+                           f"{s['peak_mb_max']:.0f} MB; median {s['wall']:.2f} s"))
+    return checks
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
@@ -243,12 +279,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="PlanParams.time_limit for milp and auto (default 2 s)")
     ap.add_argument("--intervals", type=int, help="override the number of counted intervals")
     ap.add_argument("--json", type=Path, help="also write all figures to this JSON file")
+    ap.add_argument("--scale-keys", default="10000,100000,1000000,10000000",
+                    help="scale: numbers of keys (comma-separated)")
+    ap.add_argument("--scale-runs", type=int, default=3, help="scale: runs per point (>= 1)")
+    ap.add_argument("--scale-workdir", type=Path, default=Path("/tmp/rebalance-scale"),
+                    help="scale: folder of the generated inputs (kept and reused)")
+    ap.add_argument("--scale-plot", type=Path,
+                    default=Path(__file__).resolve().parents[1] / "docs" / "img" / "plan_scale.png",
+                    help="scale: where the log-log plot of time against K goes")
     args = ap.parse_args(argv)
 
+    names = [*SCENARIOS, "scale"]
     if args.only and "," in args.only:
-        chosen = [s for s in args.only.split(",") if s in SCENARIOS]
+        chosen = [s for s in args.only.split(",") if s in names]
     else:
-        chosen = [s for s in SCENARIOS if args.only is None or s.startswith(args.only)]
+        chosen = [s for s in names if args.only is None or s.startswith(args.only)]
+    scale_rows = None
+    if "scale" in chosen:
+        chosen.remove("scale")
+        scale_rows = run_scale_scenario(args)
     results: dict[str, dict[str, dict]] = {}
     raw = []
     for scenario in chosen:
@@ -275,7 +324,10 @@ def main(argv: list[str] | None = None) -> int:
             results[scenario] = {r["planner"]: r for r in summaries}
     print("\n### targets")
     failed = 0
-    for name, ok, detail in check_targets(results):
+    checks = check_targets(results)
+    if scale_rows is not None:
+        checks += scale_targets(scale_rows)
+    for name, ok, detail in checks:
         failed += not ok
         print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
     if args.json:
