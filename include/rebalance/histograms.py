@@ -51,6 +51,7 @@ directory.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,11 +97,34 @@ def read_histograms(path: str | Path):
     return _to_pandas(read_histogram_table(path))
 
 
+@contextmanager
+def _jvm_stderr_to(log: Path):
+    """While the block runs, file descriptor 2 is ``log``: a JVM started in it keeps
+    writing there (its own warnings, such as "Using incubator modules", and log4j's ERROR
+    lines), so ``rebalance plan`` prints its one line and nothing else. Python's own
+    stderr is back at the end."""
+    import os
+    import sys
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(log, "ab") as out:
+            os.dup2(out.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _read_delta(path: Path):
-    from .spark.session import get_spark
+    from .spark.session import get_spark, spark_log_file
 
     try:
-        spark = get_spark("rebalance-plan")
+        with _jvm_stderr_to(spark_log_file("rebalance-plan")):
+            spark = get_spark("rebalance-plan")
         df = spark.read.format("delta").load(str(path.resolve()))
     except Exception as exc:  # noqa: BLE001 - any Spark/Delta failure is a bad input here
         raise InputError(f"cannot read Delta table {path}: {_first_line(exc)}") from None

@@ -42,11 +42,11 @@ def _keys() -> list[str]:
 
 def test_spark_hash_of_unicode_and_long_keys_equals_spark(spark):
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
     keys = _keys()
     frame = spark.createDataFrame([(i, k) for i, k in enumerate(keys)],
-                                  StructType([StructField("i", "int"),
+                                  StructType([StructField("i", IntegerType()),
                                               StructField("key", StringType())]))
     rows = (frame.select("i", F.hash("key").alias("h"),
                          F.pmod(F.hash("key"), F.lit(DEFAULT_KEY_GROUPS)).alias("g"))

@@ -74,3 +74,25 @@ def test_bad_delta_input_exits_2(spark, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "negative" in err[0]
     assert not out.exists()
+
+
+def test_bad_delta_input_prints_one_line_from_a_fresh_process(spark, tmp_path):
+    """A new process starts its own JVM: its warnings go to the Spark log, not the terminal
+    (issue 14: "Spark WARN lines before errors on Delta input")."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    table = tmp_path / "no_count"
+    spark.createDataFrame(_rows(n_keys=3, windows=1).drop(columns=["count"])) \
+        .write.format("delta").save(str(table))
+    exe = Path(sys.executable).with_name("rebalance")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "rebalance.cli"]
+    out = tmp_path / "plan"
+    done = subprocess.run([*cmd, "plan", "--histograms", str(table), "--instances", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "'count'" in lines[0], done.stderr
+    assert not out.exists()
