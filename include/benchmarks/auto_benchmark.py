@@ -17,6 +17,7 @@ versions of auto see exactly the same problems whatever they plan:
 
 * ``seed003``: seed 003's defaults as in ``plan_benchmark.py`` (a): Zipf 0.85,
   K = 10^4, N = 15, f = 1, theta = 0.08, A_max = 3000, state S(k, 10).
+* ``seed003-unbounded``: the same without A_max.
 * ``seed003-n64``: the same generator with K = 5000, N = 64, Zipf 0.5 (at 0.85 the top
   key alone is several mean loads at N = 64), theta = 0.08, no A_max.
 * ``job-n32``: histograms as the streaming job writes them, built through
@@ -39,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-WORKLOADS = ("seed003", "seed003-n64", "job-n32", "job-n16")
+WORKLOADS = ("seed003", "seed003-unbounded", "seed003-n64", "job-n32", "job-n16")
 JOB_WINDOWS_HELD = 3
 
 
@@ -96,6 +97,8 @@ def workload(name):
     """(problem of interval i from the current instance of every key, default, params)."""
     if name == "seed003":
         return _seed003(10_000, 15, 0.85, 0.08, 3000)
+    if name == "seed003-unbounded":
+        return _seed003(10_000, 15, 0.85, 0.08, None)
     if name == "seed003-n64":
         return _seed003(5_000, 64, 0.5, 0.08, None)
     if name == "job-n32":

@@ -205,3 +205,29 @@ def test_bench_errors_are_one_line(tmp_path, capsys):
     assert main(["bench", "--planners", "nope", "--out", str(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown planner" in err
+
+
+def test_bench_scale_runs_the_whole_command_and_plots_time_against_k(tmp_path, capsys):
+    """``rebalance bench --experiment scale`` on two tiny K: one plan process per point."""
+    out = tmp_path / "scale"
+    code = main(["bench", "--experiment", "scale", "--keys", "200,400", "--runs", "1",
+                 "--planners", "mixed", "--out", str(out), "--workdir", str(tmp_path / "in"),
+                 "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 4  # 2 K x 2 placements x 1 method
+    assert set(summary["placement"]) == {"default", "assignment"}
+    assert (summary["failed"] == 0).all()
+    for col in ("wall", "input_seconds", "plan_seconds", "peak_mb", "imbalance", "migration"):
+        assert summary[col].notna().all(), col
+    assert (summary["wall"] >= summary["plan_seconds"]).all()
+    assert (out / "scale.png").stat().st_size > 1000
+    assert "| K | placement | method | wall s" in printed
+    # the inputs are kept for the next run
+    assert (tmp_path / "in" / "K200" / "histograms.parquet").exists()
+
+
+def test_bench_scale_refuses_bad_keys(capsys):
+    assert main(["bench", "--experiment", "scale", "--keys", "ten"]) == 2
+    assert "--keys" in capsys.readouterr().err

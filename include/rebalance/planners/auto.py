@@ -65,6 +65,9 @@ MILP_GAP = 0.01
 #: Share of the time left after the cover plan that the MILP may get (it overruns its
 #: limit a little: model hand-over, disaggregation, evaluation).
 MILP_SHARE = 0.75
+#: Share of the time left that the knapsack covers may take (twice at most: the covers,
+#: then the covers restricted to keys that fit).
+COVER_SHARE = 0.25
 #: Rounds of repair of the cover plan (instances still above the bound shed more keys).
 REPAIR_ROUNDS = 3
 #: Instances (those with the most room) a key that fits nowhere may evict lighter keys from.
@@ -107,7 +110,8 @@ class AutoPlanner(Planner):
         target = max(problem.max_load(params.theta), float(problem.load.max()))
         best, bound = mixed, None
         t1 = time.perf_counter()
-        covers = knapsack_covers(problem, target)
+        deadline = t0 + params.time_limit
+        covers = knapsack_covers(problem, target, total_seconds=_cover_seconds(deadline))
         if covers is not None and np.isfinite(covers[0]):
             bound = covers[0]
             for attempt in ("", "restricted to keys that fit, "):
@@ -116,8 +120,10 @@ class AutoPlanner(Planner):
                 if attempt:
                     # Keys heavier than the most room any instance has cannot leave.
                     fits = problem.load <= _largest_room(problem, target)
-                    covers = knapsack_covers(problem, target, movable=fits)
-                placed = cover_plan(problem, covers[1], target)
+                    covers = knapsack_covers(problem, target, movable=fits,
+                                             total_seconds=_cover_seconds(deadline))
+                placed = cover_plan(problem, covers[1], target,
+                                    deadline=t0 + COVER_SHARE * 2 * params.time_limit)
                 if placed is None:
                     notes.append(f"cover plan ({attempt}covers): no placement under "
                                  f"{target:.6g}")
@@ -209,7 +215,7 @@ class AutoPlanner(Planner):
 
 
 def cover_plan(problem: Problem, moving: np.ndarray, max_load: float,
-               rounds: int = REPAIR_ROUNDS) -> np.ndarray | None:
+               rounds: int = REPAIR_ROUNDS, deadline: float | None = None) -> np.ndarray | None:
     """The current assignment with the keys ``moving`` (e.g. knapsack covers) placed where
     they fit under ``max_load``, then repaired; None when some instance stays above.
 
@@ -221,8 +227,8 @@ def cover_plan(problem: Problem, moving: np.ndarray, max_load: float,
     (by increasing state per load), which are placed in turn; if they do not all fit, the
     key stays where it is. Repair, for up to ``rounds`` rounds: every instance still
     above ``max_load`` sheds the cheapest set of its other keys that carries its excess
-    among those that fit in the largest room left (a knapsack cover again), placed the
-    same way.
+    among those that fit in the largest room left (a knapsack cover again; after
+    ``deadline`` the greedy cover by state per load), placed the same way.
     """
     from ..bounds import _greedy_cover, min_knapsack_cover
 
@@ -305,13 +311,24 @@ def cover_plan(problem: Problem, moving: np.ndarray, max_load: float,
             keys = keys[load[keys] <= room.max()]
             if len(keys) == 0:
                 continue
-            chosen = keys[min_knapsack_cover(load[keys], state[keys], float(-room[d]),
+            late = deadline is not None and time.perf_counter() > deadline
+            excess = float(-room[d])
+            chosen = keys[_greedy_cover(load[keys], state[keys], excess) if late else
+                          min_knapsack_cover(load[keys], state[keys], excess,
                                              REPAIR_COVER_SECONDS)]
             room[d] += float(load[chosen].sum())
             a[chosen] = -1
             if not place(chosen):
                 return None
     return a if (room >= 0).all() else None
+
+
+def _cover_seconds(deadline: float) -> float:
+    """Seconds the knapsack covers may take now: COVER_SHARE of the time left, at most
+    the bound's own cap, so that the time limit stays a hard cap of the whole ladder."""
+    from ..bounds import COVER_TOTAL_SECONDS
+
+    return max(0.0, min(COVER_TOTAL_SECONDS, COVER_SHARE * (deadline - time.perf_counter())))
 
 
 def _largest_room(problem: Problem, max_load: float) -> float:
