@@ -197,11 +197,14 @@ _SPOILERS = {
 
 # --------------------------------------------------------------------------- Delta
 
-def next_batch(spark, config: GeneratorConfig, root: str | Path | None = None) -> int:
+def next_batch(spark, config: GeneratorConfig, root: str | Path | None = None,
+               strict: bool = True) -> int:
     """The batch after the last one generated into ``events`` (0 for a new table).
 
     Raises when the table was generated with another configuration: batches
-    would no longer be a pure function of one configuration.
+    would no longer be a pure function of one configuration. With ``strict=False``
+    (the live generator after its options changed) the other stream's batches are
+    passed over: the new one is its own stream (its own transaction id).
     """
     from ..spark import tables
 
@@ -213,6 +216,8 @@ def next_batch(spark, config: GeneratorConfig, root: str | Path | None = None) -
         recorded = commit.metadata.get("config") or {}
         changed = {k: (recorded.get(k), v) for k, v in config.to_dict().items()
                    if recorded.get(k) != v}
+        if changed and not strict:
+            continue
         if changed:
             diff = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise GeneratorError(
@@ -264,7 +269,7 @@ def follow(spark, config: GeneratorConfig, root: str | Path | None = None,
     generator = EventGenerator(config)
     start = _parse_start(config.start)
     step = config.batch_seconds
-    batch = max(next_batch(spark, config, root), int((clock() - start) // step))
+    batch = max(next_batch(spark, config, root, strict=False), int((clock() - start) // step))
     while not stop.is_set():
         due = start + (batch + 1) * step
         if clock() < due:
