@@ -191,7 +191,7 @@ def components(s: Settings) -> list[Component]:
                           "--window-seconds", str(s.window_seconds),
                           "--watermark-seconds", str(s.window_seconds // 2),
                           "--windows", "3", "--trigger-seconds", str(s.trigger_seconds),
-                          "--poll-seconds", "3", "--master", "local[2]"],
+                          "--poll-seconds", "10", "--master", "local[2]"],
                   env, ready_line="running", stop_signal=signal.SIGINT),
     ]
 
