@@ -74,7 +74,7 @@ class Settings:
     generator_keys: int = 200
     events_per_second: int = 200
     #: The generator re-skews the load (seed 003's fluctuation) every this many seconds.
-    fluctuation_seconds: int = 300
+    fluctuation_seconds: int = 600
 
     @property
     def state(self) -> Path:
