@@ -13,7 +13,9 @@ instance: a routing table of 1 % of the keys). Each K is planned
   every key's name has to be matched),
 
 by ``mixed`` and ``auto``, each run a fresh ``rebalance plan`` process. Measured per run:
-wall time of the process, its peak RSS (``ru_maxrss`` of that child, from ``wait4``),
+wall time of the process, its CPU time (user + system) and peak RSS (``ru_utime``,
+``ru_stime``, ``ru_maxrss`` of that child, from ``wait4``), the 1-minute load average of
+the machine when it ended (the machine is shared: wall time follows the load),
 and from its ``plan.json``: ``timings`` (``input_seconds``: read + validate + aggregate;
 ``plan_seconds``: the planner; ``write_seconds``), imbalance and migration.
 
@@ -131,6 +133,7 @@ def run_measured(argv: Sequence[str], timeout: float | None = None) -> dict[str,
         fo.seek(0)
         fe.seek(0)
         return {"wall": wall, "peak_mb": usage.ru_maxrss / 1024.0, "code": proc.returncode,
+                "cpu": usage.ru_utime + usage.ru_stime, "load": os.getloadavg()[0],
                 "stdout": fo.read().decode("utf-8", "replace"),
                 "stderr": fe.read().decode("utf-8", "replace")}
 
@@ -145,7 +148,8 @@ def plan_once(hist: Path, assignment: Path | None, method: str, out: Path,
     if assignment is not None:
         argv += ["--assignment", str(assignment)]
     run = run_measured(argv)
-    row = {"wall": run["wall"], "peak_mb": run["peak_mb"], "code": run["code"]}
+    row = {"wall": run["wall"], "cpu_seconds": run["cpu"], "peak_mb": run["peak_mb"],
+           "code": run["code"], "load": run["load"]}
     if run["code"] != 0:
         row["error"] = (run["stderr"].strip().splitlines() or ["?"])[-1]
         return row
@@ -189,8 +193,8 @@ def _run_line(r: dict[str, Any]) -> str:
         return (f"K={r['K']} {r['placement']} {r['method']} run {r['run']}: "
                 f"exit {r['code']}: {r.get('error')}")
     return (f"K={r['K']} {r['placement']} {r['method']} run {r['run']}: wall {r['wall']:.2f} s, "
-            f"input {r['input_seconds']:.2f} s, plan {r['plan_seconds']:.2f} s, "
-            f"peak {r['peak_mb']:.0f} MB")
+            f"CPU {r['cpu_seconds']:.2f} s, input {r['input_seconds']:.2f} s, plan "
+            f"{r['plan_seconds']:.2f} s, peak {r['peak_mb']:.0f} MB, load {r['load']:.1f}")
 
 
 def summarise_scale(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -203,7 +207,8 @@ def summarise_scale(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         ok = [r for r in grp if not r.get("code")]
         s: dict[str, Any] = {"K": k, "placement": placement, "method": method, "runs": len(grp),
                              "failed": len(grp) - len(ok)}
-        for col in ("wall", "input_seconds", "plan_seconds", "write_seconds", "peak_mb"):
+        for col in ("wall", "cpu_seconds", "input_seconds", "plan_seconds", "write_seconds",
+                    "peak_mb", "load"):
             vals = [float(r[col]) for r in ok if col in r]
             s[col] = statistics.median(vals) if vals else float("nan")
             s[f"{col}_max"] = max(vals) if vals else float("nan")
@@ -221,9 +226,9 @@ def summarise_scale(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def format_scale(summary: Sequence[dict[str, Any]]) -> str:
     """A Markdown table: median (worst) of each figure."""
-    head = ("| K | placement | method | wall s | input s | plan_seconds | write s | peak MB | "
-            "imbalance | migration | target |")
-    lines = [head, "|" + "---|" * 11]
+    head = ("| K | placement | method | wall s | CPU s | input s | plan_seconds | write s | "
+            "peak MB | imbalance | migration | load | target |")
+    lines = [head, "|" + "---|" * 13]
     for s in summary:
         def mw(col, fmt):
             return f"{s[col]:{fmt}} ({s[col + '_max']:{fmt}})"
@@ -234,9 +239,9 @@ def format_scale(summary: Sequence[dict[str, Any]]) -> str:
         imb = f"{s['imbalance']:.4f}" if "imbalance" in s else "-"
         mig = f"{s['migration']:.4%}" if "migration" in s else "-"
         lines.append(f"| {s['K']:.0e} | {s['placement']} | {s['method']} | {mw('wall', '.2f')} | "
-                     f"{mw('input_seconds', '.2f')} | {mw('plan_seconds', '.2f')} | "
-                     f"{mw('write_seconds', '.2f')} | {mw('peak_mb', '.0f')} | {imb} | {mig} | "
-                     f"{verdict} |")
+                     f"{mw('cpu_seconds', '.2f')} | {mw('input_seconds', '.2f')} | "
+                     f"{mw('plan_seconds', '.2f')} | {mw('write_seconds', '.2f')} | "
+                     f"{mw('peak_mb', '.0f')} | {imb} | {mig} | {s['load']:.1f} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -256,6 +261,7 @@ def plot_scale(summary: Sequence[dict[str, Any]], path: Path) -> Path:
                 continue
             ks = [s["K"] for s in pts]
             for col, marker, label in (("wall", "o", "wall (whole command)"),
+                                       ("cpu_seconds", "x", "CPU, user + system"),
                                        ("input_seconds", "s", "input (read + aggregate)"),
                                        ("plan_seconds", "^", "plan_seconds (planner)")):
                 ax.plot(ks, [s[col] for s in pts], marker=marker, linestyle=style,
