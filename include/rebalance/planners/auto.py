@@ -24,9 +24,10 @@ rung that is good enough (issue 11: "stop as soon as more search cannot pay"):
    could then only trade migration, and over the job-like workload of
    ``auto_benchmark.py`` (8 such plans) the former 10 s search never found a better plan.
 3. Otherwise the MILP polish (:class:`~rebalance.planners.milp.MilpPlanner`),
-   warm-started from the better plan, with at most :data:`POLISH_SECONDS` of solver time
-   (and never more than MILP_SHARE of what is left of ``params.time_limit``, still the
-   hard cap), a model sized for that budget, and HiGHS told to stop as soon as its
+   warm-started from the better plan, with at most :data:`POLISH_SECONDS` of solver time,
+   what is left of the ladder's :data:`SEARCH_SECONDS`, and never more than MILP_SHARE of
+   what is left of ``params.time_limit`` (still the hard cap), a model sized for
+   POLISH_SECONDS, and HiGHS told to stop as soon as its
    incumbent is within GOOD_ENOUGH of the integer bound (``objective_target``) or its
    gap is below :data:`MILP_GAP`. Keys it moves anyway go to their default instance where
    that stays within L_max; if the table still exceeds A_max, :func:`fit_table` is the
@@ -80,6 +81,10 @@ REPAIR_COVER_SECONDS = 0.1
 #: any, in a sub-MIP heuristic near the deadline; after the cover plan the MILP rarely
 #: improves by more than GOOD_ENOUGH, and 1.2 s keeps the median plan under 2 s.
 POLISH_SECONDS = 1.2
+#: Seconds the whole ladder aims at (Mixed, covers, polish): the polish gets what is left
+#: of it. The covers take 0.1-0.9 s at 10^4 keys depending on the machine's load, and the
+#: median plan must stay under 2 s on a loaded 2-core machine.
+SEARCH_SECONDS = 1.6
 
 
 class AutoPlanner(Planner):
@@ -152,16 +157,18 @@ class AutoPlanner(Planner):
                          "never did (docs/planning.md)")
             return Proposal(best.assignment, notes + _prefixed(_name(best), best.notes),
                             cover_bound=None if bound is None else (target, bound))
-        left = MILP_SHARE * (params.time_limit - (time.perf_counter() - t0))
-        if min(left, POLISH_SECONDS) < MIN_MILP_SECONDS:
+        spent = time.perf_counter() - t0
+        left = min(MILP_SHARE * (params.time_limit - spent), POLISH_SECONDS,
+                   SEARCH_SECONDS - spent)
+        if left < MIN_MILP_SECONDS:
             notes.append(f"kept {_name(best)}: less than {MIN_MILP_SECONDS} s of the time limit "
-                         "left for a MILP polish")
+                         f"or of the {SEARCH_SECONDS} s search budget left for a MILP polish")
             return Proposal(best.assignment, notes + _prefixed(_name(best), best.notes),
                             cover_bound=None if bound is None else (target, bound))
 
         # Rung 3: a short MILP polish from the better plan.
-        milp = self._polish(problem, params, best, min(left, POLISH_SECONDS), bound)
-        notes.append(f"milp polish ({min(left, POLISH_SECONDS):.2f} s, warm start = "
+        milp = self._polish(problem, params, best, left, bound)
+        notes.append(f"milp polish ({left:.2f} s, warm start = "
                      f"{_name(best)}): {_summary(milp)}")
         # The MILP models A_max (and fits its own rounding); this is only a fallback.
         over = params.max_table is not None and milp.metrics.table_size > params.max_table
