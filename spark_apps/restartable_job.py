@@ -8,7 +8,9 @@ switch is used from the next micro-batch; ``--pin-assignment`` keeps each
 generation's own version instead) and the job polls the Delta table
 ``restarts`` for requests (the DAG's ``apply_mode=restart``, or
 ``rebalance.streaming.restart.request_restart``): each is executed as stop at a
-micro-batch boundary, state migration, restart, acknowledgement. Started after a
+micro-batch boundary, state migration (same N: only the moved keys' state, handed over
+inside the stream of the same checkpoint; another N: a new checkpoint seeded with the
+re-keyed state), restart, acknowledgement. Started after a
 crash, it first completes (or rolls back) the unfinished restart. The quarantine
 query is not run here (``keyed_job.py`` runs it; it is stateless).
 """
@@ -35,6 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pin-assignment", action="store_true",
                    help="route each generation by the version it started with (ignore live "
                         "switches) instead of following the latest version")
+    p.add_argument("--full-restart", action="store_true",
+                   help="restart on a new checkpoint seeded with the whole re-keyed state "
+                        "even when N stays (default: keep the checkpoint and hand the moved "
+                        "keys' state over inside the stream)")
     p.add_argument("--hold-seconds", type=float, default=60.0,
                    help="after refusing a batch routed by a version published for a restart "
                         "(or another N), wait this long for its request before resuming with "
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         config = job_config_from_args(args)
         job = RestartableJob(spark_from_args(args, f"rebalance-{args.name}"), config,
                              pin_assignment=args.pin_assignment,
-                             hold_seconds=args.hold_seconds)
+                             hold_seconds=args.hold_seconds, full_restart=args.full_restart)
         generation = job.start()
     except (JobError, TableError, AssignmentError, RestartError) as exc:
         print(f"error: {exc}", file=sys.stderr)

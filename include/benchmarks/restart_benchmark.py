@@ -18,10 +18,11 @@ Reported per restart, then per K the median and the worst (first restart include
   to the new generation's first (commit files of both checkpoints);
 * **request to acknowledgement** (from the request row to the job's
   acknowledgement), apart from the pause;
-* its parts, seconds between the job's recorded steps: **stop wait** (taking the
-  request to the old generation stopped at a boundary), **state** (to the migrated
-  state written), **start** (to the new query started, when the job records it) and
-  **first commit** (to the new generation's first committed batch).
+* its parts, seconds between the job's recorded steps: **warm-up** (what the job
+  does before it stops the old generation, while that one still runs, when it records
+  it), **stop wait** (to the old generation stopped at a boundary), **state** (to the
+  migrated state written), **start** (to the new query started, when the job records
+  it) and **first commit** (to the new generation's first committed batch).
 
 Figures are wall-clock on whatever else the machine runs (the load average is printed).
 """
@@ -41,7 +42,7 @@ import time
 from pathlib import Path
 
 N_INSTANCES = 4
-PARTS = ("stop_wait", "state", "start", "first_commit")
+PARTS = ("warm_up", "stop_wait", "state", "start", "first_commit")
 
 
 class Feeder(threading.Thread):
@@ -90,7 +91,9 @@ def _parts(since: dict[str, float]) -> dict[str, float | None]:
         return round(since[b] - since[a], 3) if a in since and b in since else None
 
     started = "started" if "started" in since else None
-    return {"stop_wait": gap("requested", "stopped"),
+    warmed = "warmed" if "warmed" in since else "requested"
+    return {"warm_up": gap("requested", "warmed"),
+            "stop_wait": gap(warmed, "stopped"),
             "state": gap("stopped", "state_written"),
             "start": gap("state_written", started) if started else None,
             "first_commit": gap(started or "state_written", "acknowledged")}
@@ -141,18 +144,24 @@ def run_one_k(n_keys: int, restarts: int, seed: int, master: str, work: Path) ->
                 spark, routing, N_INSTANCES,
                 {"benchmark": True, "apply_mode": "restart"}, root)
             old = job.generation
+            recent = [p.durationMs.get("triggerExecution") for p in
+                      (job.query.recentProgress if job.query is not None else [])[-5:]]
+            batch_ms = statistics.median(recent) if recent else None
             requested = time.time()
             request = request_restart(spark, version, N_INSTANCES, job=config.name, root=root)
             job.poll()
             acknowledged = time.time()
             status = job.control.status(request)
             new = job.generation
-            old_commits, new_commits = _commits(old.checkpoint), _commits(new.checkpoint)
+            # A generation that keeps its checkpoint (same N) numbers on from start_batch.
+            start = getattr(new, "start_batch", 0)
+            old_commits = {b: t for b, t in _commits(old.checkpoint).items()
+                           if new.checkpoint != old.checkpoint or b < start}
+            new_commits = {b: t for b, t in _commits(new.checkpoint).items() if b >= start}
             last_old = max(old_commits.values()) if old_commits else None
             first_new = new_commits[min(new_commits)] if new_commits else None
-            keys_with_state = (spark.read.parquet(new.state_path).where("kind = 'perkey'")
-                               .count() if new.state_path and Path(new.state_path).exists()
-                               else None)
+            keys_with_state = (spark.read.format("statestore").option("path", new.checkpoint)
+                               .option("stateVarName", "perkey").load().count())
             figure = {
                 "keys": n_keys, "restart": r + 1, "ok": status["ok"],
                 "keys_with_state": keys_with_state, "moved_keys": share,
@@ -160,6 +169,8 @@ def run_one_k(n_keys: int, restarts: int, seed: int, master: str, work: Path) ->
                 "request_to_ack": round(acknowledged - requested, 3),
                 "recorded_pause": status.get("pause_seconds"),
                 "since_request": status.get("seconds_since_request"),
+                "first_batch_ms": status.get("first_batch_ms"),
+                "batch_ms_before": batch_ms,   # a batch of the old generation (median of 5)
                 **_parts(status.get("seconds_since_request") or {}),
             }
             figures.append(figure)
@@ -198,8 +209,8 @@ def _fmt(pair) -> str:
 
 def print_table(summaries: list[dict]) -> None:
     print("\n| K | keys with state | pause median / worst (first) | request to ack | "
-          "stop wait | state | start | first commit |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "warm-up | stop wait | state | start | first commit |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in summaries:
         print(f"| {s['keys']:,} | {s['keys_with_state']:,} | {_fmt(s['pause'])} "
               f"({s['first_pause']}) | {_fmt(s['request_to_ack'])} | "

@@ -3,8 +3,9 @@
 One scenario runs once for the module, while a feeder thread keeps appending
 generator batches to ``events``:
 
-1. generation 0 (N = 3) runs; plan 1 moves 20 % of the keys (same N);
-2. plan 2 scales out to N = 4 and moves keys;
+1. generation 0 (N = 3) runs; plan 1 moves 20 % of the keys (same N: the new generation
+   keeps the checkpoint and the moved keys' state is handed over inside the stream);
+2. plan 2 scales out to N = 4 and moves keys (a new checkpoint seeded with the state);
 3. plan 3 scales in to N = 2;
 
    each restart "crashes" at one step (plan 1 right after the stop, plan 2 while it
@@ -15,7 +16,10 @@ generator batches to ``events``:
    and its version (the latest, published for the restart) is not followed live;
 5. a live switch (a version published for broadcast, same N) is used by the running
    generation from its next micro-batch, without a restart;
-6. the feeder stops; the job drains and stops.
+6. a last restart (same N) migrates from the routing in force, the live switch's,
+   merging the state the switch split;
+7. the feeder stops; the job drains and stops; every key's state is held once, by its
+   instance under the last plan.
 
 Every generation follows the latest assignment version (the default), so plans for a
 restart are published as the DAG publishes them (``apply_mode`` restart): the running
@@ -36,6 +40,7 @@ import pytest
 from dag_helpers import LIVE, StandIn, dag, data  # noqa: F401 - dag, data are fixtures
 
 from rebalance.placement import default_instances
+from rebalance.streaming.routing import instance_labels
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +64,8 @@ class Scenario:
     generations: list
     failed_version: int
     live: dict                    # the live switch: version, routing, moved keys, published_after
+    final: dict                   # the last restart (after the live switch), with its status
+    final_state: list             # (label, key) of every key's state after the drain
 
 
 class Feeder(threading.Thread):
@@ -156,12 +163,26 @@ def _wait_commits(job, n=2, timeout=120.0):
         time.sleep(0.2)
 
 
-def _perkey(spark, checkpoint):
-    rows = (spark.read.format("statestore").option("path", checkpoint)
-            .option("stateVarName", "perkey").load()
-            .selectExpr("key.label AS label", "user_map_key.key AS key",
-                        "to_json(user_map_value) AS value").collect())
+def _perkey(spark, checkpoint, batch=None):
+    reader = (spark.read.format("statestore").option("path", checkpoint)
+              .option("stateVarName", "perkey"))
+    if batch is not None:
+        reader = reader.option("batchId", batch)
+    rows = reader.load().selectExpr("key.label AS label", "user_map_key.key AS key",
+                                    "to_json(user_map_value) AS value").collect()
     return {r.key: (r.label, r.value) for r in rows}
+
+
+def _handed_over(spark, path):
+    """Handoff rows of an in-place restart: key -> (label, state as JSON) of its ``in`` row,
+    key -> label of its ``out`` row."""
+    rows = spark.read.parquet(path)
+    ins = {r.key: (r.label, r.value) for r in rows.where("handoff = 'in'").selectExpr(
+        "label", "key", "to_json(named_struct('key_group', key_group, 'default_instance', "
+        "default_instance, 'version', state_version, 'windows', windows, 'counts', counts, "
+        "'sums', sums, 'costs', costs)) AS value").collect()}
+    outs = {r.key: r.label for r in rows.where("handoff = 'out'").collect()}
+    return ins, outs
 
 
 @pytest.fixture(scope="module")
@@ -196,16 +217,22 @@ def scenario(spark, tmp_path_factory) -> Scenario:
         job = _crash_and_recover(job, "stop", spark, config)   # crash right after the stop
         generations.append(job.generation)
         plans.append(p1)
-        # Unmoved keys keep their state exactly: old checkpoint vs migrated initial state.
-        old_state = _perkey(spark, before.checkpoint)
-        staged = spark.read.parquet(job.generation.state_path).where("kind = 'perkey'")
-        staged = {r.key: (r.label, r.value) for r in staged.selectExpr(
-            "label", "key", "to_json(named_struct('key_group', key_group, 'default_instance', "
-            "default_instance, 'version', version, 'windows', windows, 'counts', counts, "
-            "'sums', sums, 'costs', costs)) AS value").collect()}
-        unmoved = [k for k in old_state if k not in p1["routing"]]
-        unmoved_equal = all(old_state[k] == staged[k] for k in unmoved)
-        assert set(staged) == set(old_state)
+        # Same N: the checkpoint stays; exactly the moved keys' state is handed over, with
+        # its values unchanged, from the label holding it to its new label; unmoved keys
+        # are not touched (their state stays where it is).
+        new = job.generation
+        assert new.in_place and new.checkpoint == before.checkpoint and new.start_batch > 0
+        old_state = _perkey(spark, before.checkpoint, new.start_batch - 1)
+        ins, outs = _handed_over(spark, job.handoff_path(new.number))
+        labels = instance_labels(3)
+        target = {k: labels[i] for k, i in
+                  zip(old_state, _instance(list(old_state), p1["routing"], 3))}
+        moved = {k for k, (label, _) in old_state.items() if target[k] != label}
+        assert moved and set(ins) == set(outs) == moved
+        assert all(outs[k] == old_state[k][0] and ins[k] == (target[k], old_state[k][1])
+                   for k in moved)
+        unmoved = [k for k in old_state if k not in moved]
+        unmoved_equal = not set(unmoved) & (set(ins) | set(outs))
         _wait_commits(job)
 
         # Plan 2: scale out to N = 4, crash while writing the migrated state.
@@ -239,6 +266,18 @@ def scenario(spark, tmp_path_factory) -> Scenario:
         live["published_after"] = _last_committed(job)
         _wait_commits(job, 3)
         assert job.generation == generations[-1]
+
+        # A last restart, same N: from the routing in force (the live switch's).
+        final = _plan(spark, root, keys, 2, (live["routing"], 2), fraction=0.25)
+        final["request"] = request_restart(spark, final["version"], 2, job=config.name,
+                                           root=root)
+        job.poll()
+        final["status"] = job.control.status(final["request"])
+        final["stopped"] = next(s for s in job.control.steps(final["request"])
+                                if s.step == "stopped").detail
+        generations.append(job.generation)
+        final["first_batch"] = job.generation.batch_offset + job.generation.start_batch
+        _wait_commits(job)
     finally:
         feeder.halt.set()
         feeder.join()
@@ -247,6 +286,9 @@ def scenario(spark, tmp_path_factory) -> Scenario:
     time.sleep(1.5)
     job.process_all_available()
     job.stop()
+    final_state = (spark.read.format("statestore").option("path", job.generation.checkpoint)
+                   .option("stateVarName", "perkey").load()
+                   .selectExpr("key.label AS label", "user_map_key.key AS key").collect())
     statuses = [job.control.status(p["request"]) for p in plans]
     steps = tables.read(spark, tables.RESTARTS, root).toPandas()
     results = tables.read(spark, tables.RESULTS, root).toPandas()
@@ -258,7 +300,8 @@ def scenario(spark, tmp_path_factory) -> Scenario:
     else:
         spark.conf.set(key, previous_conf)
     return Scenario(_expected(gen, range(feeder.next)), results, plans, statuses, failed, steps,
-                    unmoved_equal, len(unmoved), generations, p4["version"], live)
+                    unmoved_equal, len(unmoved), generations, p4["version"], live, final,
+                    [(r.label, r.key) for r in final_state])
 
 
 def test_three_plans_each_move_at_least_ten_percent_and_are_acknowledged(scenario):
@@ -269,8 +312,10 @@ def test_three_plans_each_move_at_least_ten_percent_and_are_acknowledged(scenari
         assert status["steps"] == ["requested", "stopped", "state_written", "started",
                                    "acknowledged"], status
     numbers = [g.number for g in scenario.generations]
-    assert numbers == [0, 1, 2, 3, 3]
-    assert [g.n_instances for g in scenario.generations] == [3, 3, 4, 2, 2]
+    assert numbers == [0, 1, 2, 3, 3, 4]
+    assert [g.n_instances for g in scenario.generations] == [3, 3, 4, 2, 2, 2]
+    assert [g.in_place for g in scenario.generations] == [False, True, False, False, False,
+                                                          True]
 
 
 def test_results_equal_a_batch_recomputation(scenario):
@@ -302,9 +347,10 @@ def test_results_equal_a_batch_recomputation(scenario):
 def test_every_row_is_routed_by_its_generation_and_runs_in_its_partition(scenario):
     res = scenario.results
     assert (res["partition_id"] == res["instance"]).all()
-    live = scenario.live
+    live, final = scenario.live, scenario.final
     assignments = {0: ({}, 3), **{p["version"]: (p["routing"], p["n"]) for p in scenario.plans},
-                   live["version"]: (live["routing"], live["n"])}
+                   live["version"]: (live["routing"], live["n"]),
+                   final["version"]: (final["routing"], final["n"])}
     assert set(res["assignment_version"]) == set(assignments)
     for version, (routing, n) in assignments.items():
         rows = res[res.assignment_version == version]
@@ -329,13 +375,13 @@ def test_a_crash_at_every_step_is_recovered_and_steps_are_written_once(scenario)
 def test_a_failed_restart_is_rolled_back_and_the_previous_assignment_stays(scenario):
     assert scenario.failed["steps"] == ["requested", "stopped", "failed", "rolled_back"]
     assert "injected failure" in scenario.failed["error"]
-    assert scenario.generations[-1] == scenario.generations[-2]
+    assert scenario.generations[4] == scenario.generations[3]    # the one in force goes on
     # The rolled-back version stays out even though it was the latest: the generation kept
     # the version in force (plan 3) until the next followable version (the live switch).
     versions = scenario.results.sort_values("batch_id")["assignment_version"]
     assert scenario.failed_version not in set(versions)
-    assert list(versions.unique()[-2:]) == [scenario.plans[-1]["version"],
-                                            scenario.live["version"]]
+    assert list(versions.unique()[-3:]) == [scenario.plans[-1]["version"],
+                                            scenario.live["version"], scenario.final["version"]]
 
 
 def test_a_live_switch_is_used_from_the_next_micro_batch(scenario):
@@ -343,7 +389,8 @@ def test_a_live_switch_is_used_from_the_next_micro_batch(scenario):
     assert live["moved"] >= 0.05 and live["moved_keys"], live   # N = 2: few keys can move
     # Batches that started after the publish are routed by it (the one in flight at the
     # publish may not be); rows record the version they were routed by.
-    later = res[res.batch_id > live["published_after"] + 1]
+    later = res[(res.batch_id > live["published_after"] + 1)
+                & (res.batch_id < scenario.final["first_batch"])]
     assert len(later) and (later["assignment_version"] == live["version"]).all()
     assert (res.loc[res.assignment_version == live["version"], "batch_id"]
             > live["published_after"]).all()
@@ -417,3 +464,18 @@ def test_dag_restart_mode_rolls_back_when_the_restart_fails(dag, data, spark):
     assert [c.metadata["action"] for c in history] == ["rollback", "apply"]
     assert history[0].metadata["rollback_of"] == plan.plan_id
     assert tables.read_assignment(spark).routing == tables.read_assignment(spark, 0).routing
+
+
+def test_a_restart_after_a_live_switch_migrates_from_the_routing_in_force(scenario):
+    final = scenario.final
+    assert final["status"]["ok"], final["status"]
+    assert final["status"]["steps"] == ["requested", "stopped", "state_written", "started",
+                                        "acknowledged"]
+    assert final["stopped"]["from_version"] == scenario.live["version"]
+    assert final["status"]["pause_seconds"] is not None
+    # Every key's state is held once, by the label of its instance under the last plan:
+    # the state the live switch split was merged, nothing was left behind.
+    held = pd.DataFrame(scenario.final_state, columns=["label", "key"])
+    assert len(held) >= 20 and not held.key.duplicated().any()
+    want = np.array(instance_labels(2))[_instance(held.key, final["routing"], 2)]
+    assert (held.label.to_numpy() == want).all()

@@ -1,4 +1,5 @@
-"""Pure helpers of the controlled restart (no JVM): state re-keying, source start, checkpoints."""
+"""Pure helpers of the controlled restart (no JVM): state re-keying, source start, checkpoints,
+the versions a generation follows live, the routing log and uncommitted batches."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pandas as pd
 import pytest
 
 from rebalance.placement import default_instances
-from rebalance.streaming import restart
+from rebalance.streaming import restart, restart_checkpoint
 from rebalance.streaming.processor import INITIAL_STATE_DDL, PERKEY, PERWINDOW
 from rebalance.streaming.routing import instance_labels
 
@@ -75,7 +76,7 @@ def test_a_key_held_by_two_labels_is_merged():
 
 def test_source_starts_after_the_last_processed_file(monkeypatch):
     files = {4: ["a", "b", "c"], 5: ["d"]}
-    monkeypatch.setattr(restart, "version_files", lambda spark, path, v: files[v])
+    monkeypatch.setattr(restart_checkpoint, "version_files", lambda spark, path, v: files[v])
     offset = {"reservoirVersion": 5, "index": -1, "isStartingVersion": False}
     assert restart.source_after(None, "t", offset) == {
         "starting_version": 4, "exclude_files": ["a", "b", "c"]}
@@ -98,3 +99,58 @@ def test_checkpoint_position_reads_the_last_committed_batch(tmp_path):
     pos = restart.checkpoint_position(str(tmp_path))
     assert (pos.last_batch, pos.offset, pos.next_watermark_ms, pos.uncommitted) == (
         1, offset, 1234, True)
+
+
+def _checkpoint(root, offsets, commits):
+    for folder in ("offsets", "commits"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    for b in range(offsets):
+        (root / "offsets" / str(b)).write_text('v1\n{}\n{"reservoirVersion":1,"index":0}\n')
+        (root / "offsets" / f".{b}.crc").write_text("")
+    for b in range(commits):
+        (root / "commits" / str(b)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+
+
+def test_uncommitted_batches_that_wrote_nothing_are_dropped(tmp_path):
+    _checkpoint(tmp_path, offsets=5, commits=3)
+    assert restart_checkpoint.drop_uncommitted(str(tmp_path), written={1, 2}) == [3, 4]
+    assert sorted(p.name for p in (tmp_path / "offsets").iterdir()) == [
+        ".0.crc", ".1.crc", ".2.crc", "0", "1", "2"]
+    assert not restart.checkpoint_position(str(tmp_path)).uncommitted
+    assert restart_checkpoint.drop_uncommitted(str(tmp_path), written=set()) == []
+
+
+def test_an_uncommitted_batch_that_may_have_written_is_not_dropped(tmp_path):
+    _checkpoint(tmp_path, offsets=4, commits=3)
+    with pytest.raises(restart.RestartError, match="replay them first"):
+        restart_checkpoint.drop_uncommitted(str(tmp_path), written={3})
+    assert (tmp_path / "offsets" / "3").exists()
+
+
+def test_the_version_in_force_comes_from_the_routing_log_of_committed_batches(tmp_path):
+    checkpoint = str(tmp_path / "keyed-g1")
+    gen = restart.Generation(1, 4, 3, checkpoint, start_batch=5, in_place=True)
+    assert restart.in_force_version(gen, None) == 4            # nothing committed
+    log = restart.routing_log(checkpoint)
+    log.mkdir()
+    for batch, version in ((2, 3), (7, 6), (9, 8)):          # batch 2: the generation before
+        (log / str(batch)).write_text(json.dumps({"assignment_version": version}))
+    assert restart.in_force_version(gen, 6) == 4               # own version until batch 7
+    assert restart.in_force_version(gen, 8) == 6
+    assert restart.in_force_version(gen, 20) == 8
+
+
+def test_a_generation_does_not_follow_versions_for_a_restart_or_another_n():
+    assert not restart.blocks({"apply_mode": "broadcast", "n_instances": 3}, 3)
+    assert not restart.blocks({"action": "rollback", "n_instances": 3}, 3)
+    assert restart.blocks({"apply_mode": "restart", "n_instances": 3}, 3)
+    assert restart.blocks({"apply_mode": "broadcast", "n_instances": 4}, 3)
+    meta = {2: {"n_instances": 3}, 5: {"apply_mode": "restart", "n_instances": 3},
+            6: {"n_instances": 4}, 7: {"apply_mode": "broadcast", "n_instances": 3},
+            8: {"n_instances": 3}}
+    guard = restart.VersionGuard(None, None, 3, in_force=2, requested={8}, metadata=meta)
+    guard._refresh = lambda: None
+    assert guard.blocked_versions() == [5, 6, 8]
+    assert guard.followable(2) and guard.followable(7)
+    assert not guard.followable(1)                             # older than the one in force
+    assert not any(guard.followable(v) for v in (5, 6, 8))

@@ -36,8 +36,12 @@ from pyspark.sql.streaming import StreamingQuery
 from ..paths import data_dir
 from ..spark import tables
 from .processor import (
-    INSTANCE_HISTOGRAM, KEY_HISTOGRAM, OUTPUT_DDL, RESULT, KeyedWindowProcessor, ProcessorSettings)
+    HANDOFF_COLUMNS_DDL, INSTANCE_HISTOGRAM, KEY_HISTOGRAM, OUTPUT_DDL, RESULT,
+    KeyedWindowProcessor, ProcessorSettings)
 from .routing import route
+
+#: Columns of a handoff row besides the operator's input columns (NULL on event rows).
+HANDOFF_NAMES = [c.split()[0] for c in HANDOFF_COLUMNS_DDL.split(", ")]
 
 class JobError(ValueError):
     """The job cannot start with this configuration (with the reason)."""
@@ -152,7 +156,8 @@ def window_start_ms(event_time: Column, window_ms: int) -> Column:
 def keyed_stream(spark: SparkSession, raw: DataFrame, config: JobConfig,
                  assignment_version: int | None = None,
                  initial_state: DataFrame | None = None,
-                 assignment_rows: DataFrame | None = None) -> DataFrame:
+                 assignment_rows: DataFrame | None = None,
+                 handoff: DataFrame | None = None) -> DataFrame:
     """The stateful part: valid events, routed, through the keyed operator (union output).
 
     By default every micro-batch routes by the latest assignment version (live
@@ -161,7 +166,9 @@ def keyed_stream(spark: SparkSession, raw: DataFrame, config: JobConfig,
     generation, :func:`rebalance.streaming.routing.follow_assignment_rows`).
     ``initial_state`` (rows of
     :data:`~rebalance.streaming.processor.INITIAL_STATE_DDL`) seeds the operator's
-    state in the first batch of a new checkpoint.
+    state in the first batch of a new checkpoint. ``handoff`` (a stream of
+    :func:`handoff_columns` rows) hands keys' state over between labels inside the
+    stream (a restart that keeps its checkpoint).
     """
     events = valid_events(raw).withWatermark(
         "event_time", f"{int(config.watermark_seconds * 1000)} milliseconds")
@@ -172,6 +179,14 @@ def keyed_stream(spark: SparkSession, raw: DataFrame, config: JobConfig,
         "label", "key", "value", "cost", "event_time", "instance", "default_instance",
         "key_group", "assignment_version",
         window_start_ms(F.col("event_time"), config.window_ms).alias("window_start_ms"))
+    if handoff is not None:
+        nulls = [F.lit(None).cast(kind).alias(name) for name, kind in
+                 (c.split(" ", 1) for c in HANDOFF_COLUMNS_DDL.split(", "))]
+        given = set(handoff.columns)
+        handed = handoff.select(
+            *[F.col(f.name) if f.name in given else F.lit(None).cast(f.dataType).alias(f.name)
+              for f in operator_input.schema.fields], *HANDOFF_NAMES)
+        operator_input = operator_input.select("*", *nulls).unionByName(handed)
     processor = KeyedWindowProcessor(config.processor_settings())
     if initial_state is not None:
         return operator_input.groupBy("label").transformWithStateInPandas(

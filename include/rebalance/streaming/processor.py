@@ -76,6 +76,18 @@ INITIAL_STATE_DDL = (
     "window_start_ms BIGINT, events BIGINT, load DOUBLE, task_ns BIGINT, cpu_ns BIGINT")
 PERKEY, PERWINDOW = "perkey", "perwindow"
 
+#: State handed over inside the stream (a controlled restart that keeps its checkpoint,
+#: :mod:`rebalance.streaming.restart_state`): rows of the operator's input with
+#: ``handoff`` set, applied before the batch's events. ``out``: the label drops the
+#: key's state (the row carries it) and its events and load from its open windows;
+#: ``in``: the label takes the key's state (merged with what it holds when ``merge``:
+#: the key was split by a live switch) and adds its events and load to its open
+#: windows. Event rows have these columns NULL.
+HANDOFF_COLUMNS_DDL = ("handoff STRING, merge BOOLEAN, state_version BIGINT, "
+                       "windows ARRAY<BIGINT>, counts ARRAY<BIGINT>, sums ARRAY<DOUBLE>, "
+                       "costs ARRAY<DOUBLE>")
+HANDOFF_OUT, HANDOFF_IN = "out", "in"
+
 
 def state_bytes(key: str, n_windows: int) -> int:
     """Estimated bytes key ``key`` holds in state while it keeps ``n_windows`` windows."""
@@ -214,6 +226,11 @@ class KeyedWindowProcessor(StatefulProcessor):
         instance = self.instance_of[int(key[0])]
         frame = pd.concat(list(rows), ignore_index=True)
         watermark = timerValues.getCurrentWatermarkInMs()
+        if "handoff" in frame.columns:
+            handoff = frame["handoff"].notna()
+            if handoff.any():
+                self._apply_handoff(frame[handoff], watermark)
+                frame = frame[~handoff]
         if self.settings.work_us_per_cost:
             burn_cpu(float(frame["cost"].sum()) * self.settings.work_us_per_cost / 1e6)
         results = self._update_keys(frame, instance)
@@ -245,6 +262,57 @@ class KeyedWindowProcessor(StatefulProcessor):
 
     def close(self) -> None:
         """Nothing to release: all state lives in the state store."""
+
+    # ------------------------------------------------------------------ handoff
+
+    def _apply_handoff(self, rows: pd.DataFrame, watermark: int) -> None:
+        """Hand keys' state over (:data:`HANDOFF_COLUMNS_DDL`): one state call per key
+        (``out``: remove; ``in``: put, or merge with what the label holds when ``merge``),
+        and one read and write per open window for the events and load that moved."""
+        window_ms = self.settings.window_ms
+        moved: dict[int, list] = {}          # open window -> [events, load, version] change
+
+        def shift(row, sign: int, version: int) -> None:
+            for w, count, cost in zip(row.windows, row.counts, row.costs):
+                if int(w) + window_ms > watermark:
+                    change = moved.setdefault(int(w), [0, 0.0, 0])
+                    change[0] += sign * int(count)
+                    change[1] += sign * float(cost)
+                    change[2] = max(change[2], version)
+
+        for row in rows[rows["handoff"] == HANDOFF_OUT].itertuples(index=False):
+            self.perkey.removeKey((row.key,))
+            shift(row, -1, 0)
+        incoming = rows[rows["handoff"] == HANDOFF_IN]
+        repeated = (incoming["key"].duplicated(keep=False).to_numpy()
+                    | incoming["merge"].eq(True).to_numpy())
+        for row, merge in zip(incoming.itertuples(index=False), repeated):
+            state = KeyWindows(int(row.key_group), int(row.default_instance),
+                               int(row.state_version), [int(v) for v in row.windows],
+                               [int(v) for v in row.counts], [float(v) for v in row.sums],
+                               [float(v) for v in row.costs])
+            held = self.perkey.getValue((row.key,)) if merge else None
+            if held is not None:     # the key also has state here (split by a live switch)
+                mine = KeyWindows.from_state(held, 0, 0, 0)
+                mine.version = max(mine.version, state.version)
+                for w, c, t, k in zip(state.windows, state.counts, state.sums, state.costs):
+                    mine.add(w, c, t, k)
+                state = mine
+            self.perkey.updateValue((row.key,), state.to_state())
+            shift(row, 1, int(row.assignment_version))
+        for w, (events, load, version) in sorted(moved.items()):
+            old = self.perwindow.getValue((w,))
+            if old is None:
+                if events <= 0:
+                    continue
+                self.handle.registerTimer(w + window_ms)
+                old = (0, 0.0, 0, 0, 0)
+            total = int(old[0]) + events
+            if total > 0:
+                self.perwindow.updateValue((w,), (total, float(old[1]) + load, int(old[2]),
+                                                  int(old[3]), max(int(old[4]), version)))
+            else:
+                self.perwindow.removeKey((w,))
 
     # ------------------------------------------------------------------ per key
 

@@ -13,29 +13,38 @@ published for a controlled restart, or for another N. A batch routed by such a
 version is refused before it writes anything (the generation holds at that
 boundary), and a query started while the latest version is one of them routes by
 the version in force instead (``pin_assignment`` keeps the start version for good).
-A restart to a new
-assignment version (or a new N: scale out or in, same path) is requested by a
-``requested`` row in the Delta table ``restarts`` (:func:`request_restart`, what
+A restart to a new assignment version (or a new N: scale out or in) is requested by
+a ``requested`` row in the Delta table ``restarts`` (:func:`request_restart`, what
 the DAG calls); :class:`RestartableJob` (the running job's driver) then
 
+0. **warms up** while the old generation still runs: reads what the new query's
+   start needs and runs the state read once on a sliver of the state;
 1. **stops** the running generation at a micro-batch boundary: a gate in the
    ``foreachBatch`` sink lets the batch in flight finish and commit and refuses
-   the next one before it writes anything, then the query is stopped; the last
-   committed batch, its source offset and next watermark are read from the
-   checkpoint (``stopped``);
-2. **migrates the state**: the whole state of that batch is read back with the
-   ``statestore`` reader (``perkey`` and ``perwindow``), every key is re-keyed to
-   the label of its instance under the target assignment and N (values of keys
-   that stay are copied unchanged), open windows get their instance's totals
-   and a timer, and the rows are written as Parquet next to the new checkpoint
-   (``state_written``);
-3. **starts** the new generation on a new checkpoint with that state as the
-   operator's ``initialState`` (applied in its batch 0 only) and a Delta source
-   that starts exactly after the old generation's last committed offset:
-   ``startingVersion`` of the version holding that offset, minus the files of
-   that version already processed (by ``input_file_name()``); events older
-   than the old watermark are dropped, as the old generation would have
-   (``started``);
+   the next one before it writes anything, then the query is stopped and a batch
+   it planned but never wrote is forgotten; the last committed batch, its source
+   offset, next watermark and the version in force are read from the checkpoint
+   and the routing log (``stopped``);
+2. **migrates the state** (:mod:`.restart_state`). Same N: only the entries held by
+   another label than their key's under the new version (moved keys, keys split
+   by a live switch) are read out, in Spark, as handoff rows (``out`` for the label
+   holding one, ``in`` with its state for the new label), staged as Parquet.
+   Another N: the whole state is read back (``perkey`` and ``perwindow``), every
+   key re-keyed to the label of its instance under the target assignment and N
+   (values copied unchanged), open windows get their instance's totals and a
+   timer, staged as Parquet next to the new checkpoint (``state_written`` and
+   ``started``, one commit);
+3. **starts** the new generation. Same N: the staged rows are appended to the
+   checkpoint's handoff table (a second stream of every generation's query,
+   unioned into the operator's input) and the same checkpoint resumes with the
+   new routing: its first batch hands the moved state over before its events,
+   every other key keeps its state in place, source offsets and watermark go on.
+   Another N: a new checkpoint with that state as the operator's
+   ``initialState`` (applied in its batch 0 only) and a Delta source that starts
+   exactly after the old generation's last committed offset (``startingVersion``
+   of the version holding that offset, minus the files of that version already
+   processed, by ``input_file_name()``; events older than the old watermark are
+   dropped, as the old generation would have);
 4. **acknowledges** once the new generation committed its first batch
    (``acknowledged``, with the pause).
 
@@ -50,9 +59,15 @@ records ``failed``, resumes the old generation from its checkpoint and records
 ``cancelled`` (the DAG's timeout) before ``started`` is rolled back the same way;
 Delta's transaction order decides which of ``cancelled`` and ``started`` wins.
 
-Output batches keep one order across generations: generation ``g + 1`` numbers
-its batches on from the last committed batch of ``g`` (``batch_offset``), and
-its idempotent writes are keyed by its own query id, as before.
+Output batches keep one order across generations: a generation that keeps the
+checkpoint numbers on in it (from ``start_batch``); one on a new checkpoint numbers
+its batches on from the last committed batch of the one before (``batch_offset``);
+idempotent writes are keyed by the checkpoint's query id, as before.
+
+Modules: :mod:`.restart_control` (the ``restarts`` table, :class:`Generation`),
+:mod:`.restart_checkpoint` (reading a stopped checkpoint), :mod:`.restart_state`
+(state migration and handoff rows), :mod:`.restart_sink` (the gate and the version
+guard of the sink); this module is the driver and keeps every public name importable.
 
 >>> job = RestartableJob(spark, JobConfig(n_instances=4, trigger_seconds=2))  # doctest: +SKIP
 >>> job.start()                                   # recovers an unfinished restart first
@@ -62,522 +77,63 @@ its idempotent writes are keyed by its own query id, as before.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from ..placement import default_instances
 from ..spark import tables
-from ..spark.plan_store import utcnow
-from .job import JobConfig, KeyedOutputWriter, keyed_stream
-from .processor import INITIAL_STATE_DDL, PERKEY, PERWINDOW, RESULT
-from .routing import follow_assignment_rows, instance_labels
+from .job import JobConfig, keyed_stream
+from .restart_checkpoint import (
+    Position, checkpoint_position, drop_uncommitted, in_force_version, log_ids, routing_log,
+    source_after, version_files)
+from .restart_control import (
+    BOOTSTRAP, STEPS, TERMINAL, Generation, RestartControl, RestartError, SimulatedCrash, Step,
+    request_restart)
+from .restart_sink import (
+    BoundaryGate, GatedWriter, HeldForRestart, StoppedAtBoundary, VersionGuard, blocks)
+from .restart_state import (
+    append_handoff, ensure_handoff_table, handoff_rows, migrate_state, read_state, write_state)
+from .routing import follow_assignment_rows
+
+__all__ = [
+    "BOOTSTRAP", "STEPS", "TERMINAL", "BoundaryGate", "GatedWriter", "Generation",
+    "HeldForRestart", "Position", "RestartControl", "RestartError", "RestartableJob",
+    "SimulatedCrash", "Step", "StoppedAtBoundary", "VersionGuard", "blocks",
+    "checkpoint_position", "in_force_version", "migrate_state", "read_state",
+    "request_restart", "routing_log", "source_after", "version_files", "write_state",
+]
 
 log = logging.getLogger(__name__)
 
-#: Steps of a request and their order (the Delta ``txnVersion`` of their row).
-STEPS = {"requested": 10, "stopped": 20, "state_written": 30, "cancelled": 35, "started": 40,
-         "acknowledged": 50, "failed": 60, "rolled_back": 70}
-#: Steps after which a request is finished.
-TERMINAL = ("acknowledged", "rolled_back")
-BOOTSTRAP = "bootstrap"
-
-
-class RestartError(RuntimeError):
-    """A restart cannot proceed (with the reason)."""
-
-
-class StoppedAtBoundary(RuntimeError):
-    """Raised by the sink when a batch starts after the gate closed: nothing was written."""
-
-
-class HeldForRestart(StoppedAtBoundary):
-    """Raised by the sink when a batch was routed by a version the generation must not
-    follow (published for a controlled restart, or for another N): nothing was written."""
-
-
-class SimulatedCrash(RuntimeError):
-    """Raised at an injected step (tests, benchmark): the driver 'dies' there."""
-
-
-# --------------------------------------------------------------------- generations
-
-@dataclass(frozen=True)
-class Generation:
-    """One run of the keyed query: the assignment version it starts with, N and checkpoint.
-
-    ``batch_offset`` is the global number of its batch 0; ``source`` says where
-    its Delta source starts (``starting_version``, ``exclude_files`` of that
-    version already processed, ``min_event_ms``: events at or before the old
-    watermark are late); ``state_path`` holds its initial state (None: empty).
-    """
-
-    number: int
-    assignment_version: int
-    n_instances: int
-    checkpoint: str
-    batch_offset: int = 0
-    source: dict[str, Any] = field(default_factory=lambda: {"starting_version": 0})
-    state_path: str | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Generation:
-        return cls(**json.loads(text))
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where a stopped generation's checkpoint ends."""
-
-    last_batch: int | None          # last committed batch (None: nothing committed)
-    offset: dict[str, Any] | None   # its Delta source offset
-    next_watermark_ms: int | None   # watermark the next batch would have used
-    uncommitted: bool               # a planned batch was never committed
-
-
-def _log_ids(folder: Path) -> list[int]:
-    return sorted(int(p.name) for p in folder.glob("[0-9]*") if p.name.isdigit())
-
-
-def checkpoint_position(checkpoint: str) -> Position:
-    """Last committed batch of a (stopped) checkpoint, its source offset and next watermark."""
-    root = Path(checkpoint)
-    commits, offsets = _log_ids(root / "commits"), _log_ids(root / "offsets")
-    uncommitted = bool(offsets) and (not commits or offsets[-1] > commits[-1])
-    if not commits:
-        return Position(None, None, None, uncommitted)
-    last = commits[-1]
-    lines = (root / "offsets" / str(last)).read_text().strip().splitlines()
-    commit = json.loads((root / "commits" / str(last)).read_text().strip().splitlines()[-1])
-    return Position(last, json.loads(lines[-1]), int(commit.get("nextBatchWatermarkMs", 0)),
-                    uncommitted)
-
-
-def version_files(spark: SparkSession, table_path: str, version: int) -> list[str]:
-    """File names of the data files a Delta commit added, in the order of its log."""
-    log_file = f"{table_path}/_delta_log/{version:020d}.json"
-    local = Path(log_file.removeprefix("file:"))
-    lines = (local.read_text().splitlines() if "://" not in log_file and local.exists()
-             else [row.value for row in spark.read.text(log_file).collect()])
-    names = []
-    for line in lines:
-        if not line.strip():
-            continue
-        action = json.loads(line)
-        add = action.get("add")
-        if add and add.get("dataChange", True):
-            names.append(add["path"].rsplit("/", 1)[-1])
-    return names
-
-
-def source_after(spark: SparkSession, table_path: str, offset: dict[str, Any]) -> dict[str, Any]:
-    """Source options that start exactly after a Delta source offset.
-
-    An offset ``(V, i)`` means every version before V and the files ``0..i`` of
-    version V were processed (``i = -1``: none of V). The new source starts at
-    the version holding the last processed file (so that it exists, and its batch
-    0 has input and runs at once) and skips the files of it already processed.
-    """
-    if offset.get("isStartingVersion"):
-        raise RestartError(
-            f"the old generation stopped inside its initial snapshot (offset {offset}); "
-            "generations read with startingVersion, let it finish the snapshot first")
-    version, index = int(offset["reservoirVersion"]), int(offset["index"])
-    if index < 0:
-        version, index = version - 1, None
-    if version < 0:
-        return {"starting_version": 0, "exclude_files": []}
-    files = version_files(spark, table_path, version)
-    done = files if index is None else files[:index + 1]
-    return {"starting_version": version, "exclude_files": done}
-
-
-# --------------------------------------------------------------------- state migration
-
-def read_state(spark: SparkSession, generation: Generation,
-               last_batch: int | None) -> pd.DataFrame:
-    """The generation's state after ``last_batch`` as :data:`INITIAL_STATE_DDL` rows
-    (labels of its N); its own initial state when it committed no batch."""
-    columns = [c.split()[0] for c in INITIAL_STATE_DDL.split(", ")]
-    if last_batch is None:
-        if generation.state_path is None:
-            return pd.DataFrame(columns=columns)
-        return spark.read.parquet(generation.state_path).toPandas()[columns]
-
-    def load(name: str) -> DataFrame:
-        return (spark.read.format("statestore").option("path", generation.checkpoint)
-                .option("stateVarName", name).option("batchId", last_batch).load())
-
-    perkey = load(PERKEY).select(
-        F.col("key.label").cast("int").alias("label"), F.lit(PERKEY).alias("kind"),
-        F.col("user_map_key.key").alias("key"), "user_map_value.*")
-    perwindow = load(PERWINDOW).select(
-        F.col("key.label").cast("int").alias("label"), F.lit(PERWINDOW).alias("kind"),
-        F.col("user_map_key.window_start_ms").alias("window_start_ms"),
-        *[F.col(f"user_map_value.{c}").alias(c if c != "version" else "window_version")
-          for c in ("events", "load", "task_ns", "cpu_ns", "version")])
-    perwindow = perwindow.withColumnRenamed("window_version", "version")
-    both = perkey.unionByName(perwindow, allowMissingColumns=True)
-    return both.select(columns).toPandas()
-
-
-def migrate_state(state: pd.DataFrame, old_n: int, new_n: int, routing: dict[str, int],
-                  version: int) -> pd.DataFrame:
-    """Re-key a generation's state for a new assignment (``routing``) and N.
-
-    Every key goes to the label of its instance under the new assignment; the
-    values of a key are copied as they are (its default instance is recomputed
-    only when N changes; a key held by two labels, after an earlier live switch,
-    is merged). Each open window (one the old state still tracked per instance)
-    gets, per new instance, the events and load of the keys it now holds (the
-    operator's invariant), the operator time its instance had, and a timer.
-    """
-    old_instance = {label: i for i, label in enumerate(instance_labels(old_n))}
-    new_labels = np.array(instance_labels(new_n))
-    perkey = state[state.kind == PERKEY].copy()
-    perwindow = state[state.kind == PERWINDOW].copy()
-    if perkey["key"].duplicated().any():
-        perkey = _merge_duplicate_keys(perkey)
-    keys = perkey["key"].astype(str).to_numpy()
-    defaults = default_instances(keys, new_n) if len(keys) else np.zeros(0, dtype=int)
-    instances = np.array([routing.get(k, d) for k, d in zip(keys, defaults)], dtype=int)
-    perkey["label"] = new_labels[instances] if len(keys) else []
-    if new_n != old_n:
-        perkey["default_instance"] = defaults
-    # Open windows: the events of the keys each new instance holds.
-    open_windows = set(perwindow["window_start_ms"].astype("int64"))
-    exploded = pd.DataFrame({
-        "label": np.repeat(perkey["label"].to_numpy(), perkey["windows"].map(len).to_numpy()),
-        "window_start_ms": np.concatenate([np.asarray(w, dtype=np.int64)
-                                           for w in perkey["windows"]] or [np.zeros(0)]),
-        "events": np.concatenate([np.asarray(c, dtype=np.int64)
-                                  for c in perkey["counts"]] or [np.zeros(0)]),
-        "load": np.concatenate([np.asarray(c, dtype=np.float64)
-                                for c in perkey["costs"]] or [np.zeros(0)]),
-    })
-    exploded = exploded[exploded.window_start_ms.isin(open_windows)]
-    windows = (exploded.groupby(["label", "window_start_ms"], as_index=False)
-               .agg(events=("events", "sum"), load=("load", "sum")))
-    old = perwindow.assign(
-        instance=perwindow["label"].map(old_instance).astype(int) % new_n)
-    old["label"] = new_labels[old["instance"].to_numpy()] if len(old) else []
-    timing = (old.groupby(["label", "window_start_ms"], as_index=False)
-              .agg(task_ns=("task_ns", "sum"), cpu_ns=("cpu_ns", "sum"),
-                   old_version=("version", "max")))
-    windows = windows.merge(timing, on=["label", "window_start_ms"], how="left")
-    windows = windows[windows.events > 0]
-    windows = windows.assign(
-        kind=PERWINDOW, task_ns=windows.task_ns.fillna(0).astype("int64"),
-        cpu_ns=windows.cpu_ns.fillna(0).astype("int64"),
-        version=np.maximum(windows.old_version.fillna(0).astype("int64"), int(version)))
-    columns = [c.split()[0] for c in INITIAL_STATE_DDL.split(", ")]
-    out = pd.concat([perkey, windows.drop(columns="old_version")], ignore_index=True)
-    return out.reindex(columns=columns)
-
-
-def _merge_duplicate_keys(perkey: pd.DataFrame) -> pd.DataFrame:
-    from .processor import KeyWindows
-
-    rows = []
-    for _, group in perkey.groupby("key", sort=False):
-        first = group.iloc[0].copy()
-        if len(group) > 1:
-            merged = KeyWindows(int(first.key_group), int(first.default_instance),
-                                int(group.version.max()))
-            for r in group.itertuples(index=False):
-                for w, c, s, k in zip(r.windows, r.counts, r.sums, r.costs):
-                    merged.add(int(w), int(c), float(s), float(k))
-            first["windows"], first["counts"] = merged.windows, merged.counts
-            first["sums"], first["costs"] = merged.sums, merged.costs
-            first["version"] = merged.version
-        rows.append(first)
-    return pd.DataFrame(rows)
-
-
-def write_state(spark: SparkSession, frame: pd.DataFrame, path: str) -> None:
-    """Write migrated state rows as Parquet (overwrite: re-running the step is safe)."""
-    schema = spark.createDataFrame([], INITIAL_STATE_DDL).schema
-    parts = {PERKEY: ["label", "kind", "key", "key_group", "default_instance", "version",
-                      "windows", "counts", "sums", "costs"],
-             PERWINDOW: ["label", "kind", "window_start_ms", "events", "load", "task_ns",
-                         "cpu_ns", "version"]}
-    df = spark.createDataFrame([], schema)
-    for kind, columns in parts.items():
-        rows = frame.loc[frame.kind == kind, columns]
-        if len(rows):
-            rows = rows.astype({c: t for c, t in {
-                "label": "int32", "key_group": "int32", "default_instance": "int32",
-                "version": "int64", "window_start_ms": "int64", "events": "int64",
-                "load": "float64", "task_ns": "int64", "cpu_ns": "int64"}.items()
-                if c in columns})
-            sub = spark.createDataFrame(rows, schema=_sub_schema(schema, columns))
-            df = df.unionByName(sub, allowMissingColumns=True)
-    df.select(schema.fieldNames()).repartition(1).write.mode("overwrite").parquet(path)
-
-
-def _sub_schema(schema, columns: list[str]):
-    from pyspark.sql.types import StructType
-
-    return StructType([schema[c] for c in columns])
-
-
-# --------------------------------------------------------------------- control table
-
-@dataclass(frozen=True)
-class Step:
-    request_id: str
-    step: str
-    generation: int | None
-    assignment_version: int | None
-    n_instances: int | None
-    checkpoint: str | None
-    detail: dict[str, Any]
-    at: Any
-
-
-class RestartControl:
-    """The ``restarts`` Delta table of one job: requests and their recorded steps."""
-
-    def __init__(self, spark: SparkSession, job: str = "keyed",
-                 root: str | Path | None = None) -> None:
-        self.spark, self.job, self.root = spark, job, root
-
-    def record(self, request_id: str, step: str, generation: Generation | None = None,
-               assignment_version: int | None = None, n_instances: int | None = None,
-               **detail: Any) -> None:
-        """Write the step once (a second write of it, or of an earlier step, is skipped)."""
-        tables.ensure_table(self.spark, tables.RESTARTS, self.root)
-        if generation is not None:
-            detail["generation"] = dataclasses.asdict(generation)
-            assignment_version = generation.assignment_version
-            n_instances = generation.n_instances
-        row = (request_id, step, self.job, generation.number if generation else None,
-               assignment_version, n_instances,
-               generation.checkpoint if generation else None,
-               json.dumps(detail, sort_keys=True, default=str), utcnow())
-        df = self.spark.createDataFrame([row], tables.RESTARTS.schema)
-        tables.append(df, tables.RESTARTS, self.root,
-                      metadata={"kind": "restart", "job": self.job, "request_id": request_id,
-                                "step": step},
-                      txn=(f"restart:{self.job}:{request_id}", STEPS[step]))
-        log.info("restart %s: %s", request_id, step)
-
-    def steps(self, request_id: str | None = None) -> list[Step]:
-        """Recorded steps (of one request), in commit order."""
-        if not tables.exists(self.spark, tables.RESTARTS, self.root):
-            return []
-        df = tables.read(self.spark, tables.RESTARTS, self.root).where(F.col("job") == self.job)
-        if request_id is not None:
-            df = df.where(F.col("request_id") == request_id)
-        rows = df.collect()
-        rows = sorted(rows, key=lambda r: (r.at, STEPS[r.step]))
-        return [Step(r.request_id, r.step, r.generation, r.assignment_version, r.n_instances,
-                     r.checkpoint, json.loads(r.detail or "{}"), r.at) for r in rows]
-
-    def request(self, assignment_version: int, n_instances: int,
-                request_id: str | None = None, **detail: Any) -> str:
-        """Ask the job to restart with this assignment version and N; return the request id."""
-        request_id = request_id or uuid.uuid4().hex[:16]
-        self.record(request_id, "requested", assignment_version=assignment_version,
-                    n_instances=n_instances, **detail)
-        return request_id
-
-    def status(self, request_id: str) -> dict[str, Any]:
-        """``{"steps": [...], "state": last step, "done": bool, "ok": bool, ...}``."""
-        steps = self.steps(request_id)
-        names = [s.step for s in steps]
-        state = max(names, key=STEPS.__getitem__) if names else None
-        cancelled = "cancelled" in names and (
-            "started" not in names or names.index("cancelled") < names.index("started"))
-        out = {"request_id": request_id, "steps": names, "state": state,
-               "done": state in TERMINAL, "ok": state == "acknowledged",
-               "cancelled": cancelled}
-        for s in steps:
-            if s.step in ("acknowledged", "failed"):
-                out.update(s.detail)
-        return out
-
-    def live_generation(self, steps: list[Step] | None = None) -> Generation | None:
-        """The generation of the latest acknowledged request (None before the first)."""
-        acked = [s for s in (self.steps() if steps is None else steps)
-                 if s.step == "acknowledged"]
-        if not acked:
-            return None
-        best = max(acked, key=lambda s: s.generation)
-        return Generation(**best.detail["generation"])
-
-    def pending(self, steps: list[Step] | None = None) -> str | None:
-        """The oldest request that is not finished (None when there is none)."""
-        by_request: dict[str, list[str]] = {}
-        order: list[str] = []
-        for s in (self.steps() if steps is None else steps):
-            if s.request_id not in by_request:
-                order.append(s.request_id)
-            by_request.setdefault(s.request_id, []).append(s.step)
-        for request_id in order:
-            if not any(step in TERMINAL for step in by_request[request_id]):
-                return request_id
-        return None
-
-
-def request_restart(spark: SparkSession, assignment_version: int, n_instances: int,
-                    job: str = "keyed", root: str | Path | None = None,
-                    request_id: str | None = None, **detail: Any) -> str:
-    """Record a restart request for the running job (the DAG's side); return its id."""
-    return RestartControl(spark, job, root).request(assignment_version, n_instances,
-                                                    request_id, **detail)
-
-
-# --------------------------------------------------------------------- the sink gate
-
-class BoundaryGate:
-    """Lets the sink finish the batch it is writing and refuses the next one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.closed = False
-        self.closed_at: float | None = None
-        self.last_written: int | None = None
-
-    def close(self) -> int | None:
-        """Close (waits for a batch being written); return the last batch fully written."""
-        with self._lock:
-            self.shut()
-            return self.last_written
-
-    def shut(self) -> None:
-        """Refuse every later batch (the caller holds the lock)."""
-        if not self.closed:
-            self.closed, self.closed_at = True, time.time()
-
-
-# --------------------------------------------------------------------- following versions
-
-def blocks(metadata: dict[str, Any], n_instances: int) -> bool:
-    """Whether a generation of ``n_instances`` must not follow a published version live:
-    it was published for a controlled restart (``apply_mode`` restart) or for another N."""
-    return (metadata.get("apply_mode") == "restart"
-            or int(metadata.get("n_instances", n_instances)) != n_instances)
-
-
-def routing_log(checkpoint: str) -> Path:
-    """Folder of a generation's routing log, next to its checkpoint: a file ``<batch>``
-    (JSON ``{"assignment_version": v}``) for each batch whose routing differs from the
-    batch before (the first entry: from the generation's own version)."""
-    return Path(checkpoint).with_name(Path(checkpoint).name + "-routing")
-
-
-def in_force_version(gen: Generation, last_batch: int | None) -> int:
-    """The assignment version in force after ``last_batch`` of ``gen``: the version its
-    output rows of the last logged batch up to ``last_batch`` record (its own version when
-    it committed none, or never switched)."""
-    folder = routing_log(gen.checkpoint)
-    if last_batch is None or not folder.is_dir():
-        return gen.assignment_version
-    logged = [b for b in _log_ids(folder) if b <= last_batch]
-    if not logged:
-        return gen.assignment_version
-    return int(json.loads((folder / str(logged[-1])).read_text())["assignment_version"])
-
-
-@dataclass
-class VersionGuard:
-    """Which assignment versions a running generation follows (live switch) and which not.
-
-    ``in_force`` is the version the last written batch was routed by; a batch routed
-    by a newer version is written only when that version may be followed
-    (:func:`blocks`), and never by an older one (a pinned fallback behind a live switch).
-    """
-
-    spark: SparkSession
-    root: str | None
-    n_instances: int
-    in_force: int
-    requested: set[int] = field(default_factory=set)
-    metadata: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-    def blocked_versions(self) -> list[int]:
-        """Published versions after the one in force that must not be followed."""
-        self._refresh()
-        return sorted(v for v in set(self.metadata) | self.requested
-                      if v > self.in_force and not self.followable(v))
-
-    def followable(self, version: int) -> bool:
-        if version == self.in_force:
-            return True
-        if version < self.in_force or version in self.requested:
-            return False
-        if version not in self.metadata:
-            self._refresh()
-        return not blocks(self.metadata.get(version, {}), self.n_instances)
-
-    def _refresh(self) -> None:
-        if tables.exists(self.spark, tables.ASSIGNMENTS, self.root):
-            for commit in tables.assignment_history(self.spark, self.root):
-                self.metadata[int(commit.version)] = commit.metadata
-
-
-@dataclass
-class GatedWriter(KeyedOutputWriter):
-    """The keyed sink behind a :class:`BoundaryGate`; with a :class:`VersionGuard`, a batch
-    routed by a version the generation must not follow is refused (:class:`HeldForRestart`)
-    and every change of the version in force is logged (:func:`routing_log`)."""
-
-    gate: BoundaryGate = field(default_factory=BoundaryGate)
-    guard: VersionGuard | None = None
-    log_folder: Path | None = None
-    held: int | None = None
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        with self.gate._lock:
-            if self.gate.closed:
-                raise StoppedAtBoundary(f"batch {batch_id} refused: the query is stopping")
-            super().__call__(batch, batch_id)
-            self.gate.last_written = batch_id
-
-    def before_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
-        version = versions.get(RESULT)
-        if self.guard is None or version is None or self.guard.followable(int(version)):
-            return
-        self.held = int(version)
-        self.gate.shut()
-        raise HeldForRestart(
-            f"batch {batch_id} refused: routed by assignment version {version}, which this "
-            f"generation (version {self.guard.in_force} in force) does not follow live")
-
-    def after_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
-        version = versions.get(RESULT)
-        if self.guard is None or version is None:
-            return
-        target = self.log_folder / str(batch_id) if self.log_folder is not None else None
-        # A replayed batch may be routed otherwise than its first attempt: rewrite its entry.
-        if int(version) != self.guard.in_force or (target is not None and target.exists()):
-            if int(version) != self.guard.in_force:
-                log.info("live switch: batch %d routed by assignment version %s", batch_id,
-                         version)
-            self.guard.in_force = int(version)
-            if target is not None:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(target.name + ".tmp")
-                tmp.write_text(json.dumps({"assignment_version": int(version)}))
-                tmp.replace(target)
-
 
 # --------------------------------------------------------------------- the job driver
+
+class Background(threading.Thread):
+    """Runs one call in a thread; :meth:`join` re-raises its error."""
+
+    def __init__(self, call) -> None:
+        super().__init__(daemon=True)
+        self.call, self.error = call, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by join()
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+
 
 @dataclass
 class RestartableJob:
@@ -595,12 +151,17 @@ class RestartableJob:
     ack_timeout_seconds: float = 300.0
     pin_assignment: bool = False
     hold_seconds: float = 60.0
+    full_restart: bool = False
     generation: Generation | None = field(default=None, init=False)
     query: StreamingQuery | None = field(default=None, init=False)
     writer: GatedWriter | None = field(default=None, init=False)
     timings: list[dict[str, float]] = field(default_factory=list, init=False)
     stop_began: float | None = field(default=None, init=False)
     from_version: int | None = field(default=None, init=False)
+    replay_batch: int | None = field(default=None, init=False)
+    last_commit_at: float | None = field(default=None, init=False)
+    _tables_ready: bool = field(default=False, init=False, repr=False)
+    _hint: tuple | None = field(default=None, init=False, repr=False)
     _held_at: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -612,6 +173,9 @@ class RestartableJob:
 
     def state_path(self, number: int) -> str:
         return self.config.checkpoint(f"state-g{number}")
+
+    def handoff_path(self, number: int) -> str:
+        return self.config.checkpoint(f"handoff-g{number}")
 
     # ---------------------------------------------------------------- life cycle
     def start(self) -> Generation:
@@ -708,21 +272,35 @@ class RestartableJob:
             if cancelled:
                 raise RestartError("cancelled before the new generation started")
             timing = {"requested": time.perf_counter()}
+            recording = None
             if "stopped" not in steps:
+                self._warm_up(old, requested)
+                timing["warmed"] = time.perf_counter()
                 new = self._stop_old(old, requested)
-                self.control.record(request_id, "stopped", new, from_generation=old.number,
-                                    from_version=self.from_version)
+                timing["stopped"] = time.perf_counter()
+                # Recorded while the state is written (a crash before the record only
+                # repeats the stop, which finds the checkpoint as it left it).
+                recording = Background(lambda: self.control.record(
+                    request_id, "stopped", new, from_generation=old.number,
+                    from_version=self.from_version))
             else:
                 new = Generation(**steps["stopped"].detail["generation"])
                 self._ensure_stopped()
-            timing["stopped"] = time.perf_counter()
+                timing["stopped"] = time.perf_counter()
+            try:
+                moved = self._write_state(old, new) if "state_written" not in steps else None
+            finally:
+                if recording is not None:
+                    recording.join()
             self._maybe_fault("stop")
-            if "state_written" not in steps:
-                self._write_state(old, new)
-                self._maybe_fault("state")
-                self.control.record(request_id, "state_written", new)
             timing["state_written"] = time.perf_counter()
-            self.control.record(request_id, "started", new)
+            if moved is not None:
+                self._maybe_fault("state")
+                # One commit: the state is written, the new generation starts.
+                self.control.record_steps(request_id, [("state_written", new, moved),
+                                                       ("started", new, {})])
+            else:
+                self.control.record(request_id, "started", new)
             if self.control.status(request_id)["cancelled"]:
                 raise RestartError("cancelled before the new generation started")
         except SimulatedCrash:
@@ -732,16 +310,49 @@ class RestartableJob:
         self.timings.append(timing)
         return self._finish(request_id, new, timing)
 
+    def _warm_up(self, old: Generation, requested: Step) -> None:
+        """While the old generation still runs: read what the new generation's start needs
+        (restart steps, the assignments' history) and run the state read and re-keying
+        once on a sliver of its last committed batch (loads and compiles the code paths
+        the pause needs: state reader, routing join, Parquet writer) without holding the
+        old generation's task slots for long. Best effort."""
+        if self.query is None or int(requested.n_instances) != old.n_instances:
+            return
+        last = checkpoint_position(old.checkpoint).last_batch
+        if last is None:
+            return
+        try:
+            guard = VersionGuard(self.spark, self.config.tables_root, old.n_instances, 0)
+            guard.blocked_versions()
+            self._hint = (self.control.steps(), guard.metadata)
+            rows = handoff_rows(self.spark, old.checkpoint, last,
+                                tables.assignment_rows(self.spark, self.config.tables_root,
+                                                       int(requested.assignment_version)),
+                                old.n_instances, int(requested.assignment_version))
+            rows.limit(1).write.mode("overwrite").parquet(self.config.checkpoint("warm-up"))
+        except Exception as exc:  # noqa: BLE001 - a warm-up failure only costs time
+            log.info("restart warm-up skipped: %s", exc)
+
     def _stop_old(self, old: Generation, requested: Step) -> Generation:
-        """Stop the old generation at a batch boundary; the new generation's definition."""
+        """Stop the old generation at a batch boundary; the new generation's definition.
+
+        Same N: the new generation continues the old checkpoint (``in_place``) from
+        the batch after the last committed one; the moved keys' state reaches their
+        new labels inside the stream. Another N: a new checkpoint, seeded with the
+        re-keyed state as ``initialState``, its source starting after the old offset.
+        """
         if self.query is not None:
             self._stop_at_boundary()
         else:
             self._complete_uncommitted(old)
+        drop_uncommitted(old.checkpoint, self.writer.written if self.writer else set())
         position = checkpoint_position(old.checkpoint)
         self.from_version = in_force_version(old, position.last_batch)
         number = old.number + 1
         version, n = int(requested.assignment_version), int(requested.n_instances)
+        if n == old.n_instances and position.last_batch is not None and not self.full_restart:
+            return dataclasses.replace(old, number=number, assignment_version=version,
+                                       start_batch=position.last_batch + 1, in_place=True)
         if position.last_batch is None:   # nothing committed: start where it started
             source, offset = dict(old.source), old.batch_offset
         else:
@@ -753,7 +364,16 @@ class RestartableJob:
         return Generation(number, version, n, self.checkpoint(number), offset, source,
                           self.state_path(number))
 
-    def _write_state(self, old: Generation, new: Generation) -> None:
+    def _write_state(self, old: Generation, new: Generation) -> dict[str, Any]:
+        """Write what the new generation needs of the old state; return what was moved."""
+        routing_rows = tables.assignment_rows(self.spark, self.config.tables_root,
+                                              new.assignment_version)
+        if new.in_place:
+            rows = handoff_rows(self.spark, old.checkpoint, new.start_batch - 1, routing_rows,
+                                new.n_instances, new.assignment_version)
+            path = self.handoff_path(new.number)
+            rows.write.mode("overwrite").parquet(path)
+            return {"handoff": path}
         position = checkpoint_position(old.checkpoint)
         state = read_state(self.spark, old, position.last_batch)
         routing = tables.read_assignment(self.spark, new.assignment_version,
@@ -761,23 +381,37 @@ class RestartableJob:
         migrated = migrate_state(state, old.n_instances, new.n_instances, routing,
                                  new.assignment_version)
         write_state(self.spark, migrated, new.state_path)
+        return {}
 
     def _finish(self, request_id: str, new: Generation,
                 timing: dict[str, float] | None = None) -> dict[str, Any]:
         """Run the new generation until its first batch commits; acknowledge."""
         timing = timing if timing is not None else {}
         self._ensure_stopped()
+        if new.in_place:
+            append_handoff(self.spark, new.checkpoint, self.handoff_path(new.number), request_id)
         self._run(new)
+        timing["started"] = time.perf_counter()
         self._maybe_fault("start")
         first = self._await_first_commit(new)
         timing["acknowledged"] = time.perf_counter()
-        pause = {k: round(timing[k] - timing["requested"], 3) for k in timing} \
+        since = {k: round(timing[k] - timing["requested"], 3) for k in timing} \
             if "requested" in timing else {}
-        committed = Path(new.checkpoint, "commits", str(first)).stat().st_mtime
-        began = self.stop_began if "requested" in timing else None
-        pause_seconds = round(committed - began, 3) if began else None
+        pause_seconds = None
+        if "requested" in timing and self.stop_began is not None:
+            # No output committed: from the old generation's last commit (or the gate's
+            # closing, if later) to the new generation's first commit.
+            committed = Path(new.checkpoint, "commits", str(first)).stat().st_mtime
+            pause_seconds = round(committed - max(self.stop_began, self.last_commit_at or 0), 3)
+        progress = None
+        for _ in range(20):      # the progress of a batch is posted just after its commit
+            progress = next((p for p in self.query.recentProgress if p.batchId == first), None)
+            if progress is not None:
+                break
+            time.sleep(0.1)
         self.control.record(request_id, "acknowledged", new, first_batch=first,
-                            seconds_since_request=pause, pause_seconds=pause_seconds)
+                            seconds_since_request=since, pause_seconds=pause_seconds,
+                            first_batch_ms=dict(progress.durationMs) if progress else None)
         return self.control.status(request_id)
 
     def _roll_back(self, request_id: str, old: Generation, exc: Exception) -> dict[str, Any]:
@@ -801,10 +435,12 @@ class RestartableJob:
         """Start (or resume, from its checkpoint) a generation's keyed query."""
         config = dataclasses.replace(self.config, n_instances=gen.n_instances)
         root = config.tables_root
-        tables.create_assignments(self.spark, tables.assignments_n_instances(self.spark, root),
-                                  root)
-        for table in (tables.RESULTS, tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS):
-            tables.ensure_table(self.spark, table, root)
+        if not self._tables_ready:
+            tables.create_assignments(
+                self.spark, tables.assignments_n_instances(self.spark, root), root)
+            for table in (tables.RESULTS, tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS):
+                tables.ensure_table(self.spark, table, root)
+            self._tables_ready = True
         reader = (self.spark.readStream.format("delta")
                   .option("startingVersion", int(gen.source.get("starting_version", 0))))
         if config.max_files_per_trigger:
@@ -821,13 +457,16 @@ class RestartableJob:
             # Late for the old generation's watermark: dropped, as it would have dropped them.
             parsed = F.unix_millis(F.trim(F.col("event_time")).try_cast("timestamp"))
             raw = raw.where(parsed.isNull() | (parsed > F.lit(int(min_ms))))
+        handoff = self.spark.readStream.format("delta").load(
+            ensure_handoff_table(self.spark, gen.checkpoint))
         initial = self.spark.read.parquet(gen.state_path) if gen.state_path else None
         rows, guard = self._routing(gen)
+        position = checkpoint_position(gen.checkpoint)
         previous = self.spark.conf.get("spark.sql.shuffle.partitions")
         self.spark.conf.set("spark.sql.shuffle.partitions", str(gen.n_instances))
         try:
             stream = keyed_stream(self.spark, raw, config, gen.assignment_version, initial,
-                                  assignment_rows=rows)
+                                  assignment_rows=rows, handoff=handoff)
             name = f"{config.name}-keyed"
             self.writer = GatedWriter(self.spark, config, name, gen.batch_offset, guard=guard,
                                       log_folder=routing_log(gen.checkpoint))
@@ -841,6 +480,9 @@ class RestartableJob:
             self.query = writer.start()
         finally:
             self.spark.conf.set("spark.sql.shuffle.partitions", previous)
+        # A batch planned by an earlier run and not committed is replayed first.
+        self.replay_batch = log_ids(Path(gen.checkpoint, "offsets"))[-1] \
+            if position.uncommitted else None
         self.generation = gen
         log.info("generation %d running: assignment v%d, N=%d, %s", gen.number,
                  gen.assignment_version, gen.n_instances, gen.checkpoint)
@@ -857,13 +499,16 @@ class RestartableJob:
         if self.pin_assignment:
             return tables.assignment_rows(self.spark, root, gen.assignment_version), None
         last = checkpoint_position(gen.checkpoint).last_batch
-        steps = self.control.steps()
+        # A restart passes what it read while the old generation still ran (steps, the
+        # assignments' history): later versions still meet the sink's guard.
+        hint, self._hint = self._hint, None
+        steps = hint[0] if hint else self.control.steps()
         acknowledged = {s.request_id for s in steps if s.step == "acknowledged"}
         requested = {int(s.assignment_version) for s in steps if s.step == "requested"
                      and s.request_id not in acknowledged and s.assignment_version is not None}
         guard = VersionGuard(self.spark, root, gen.n_instances, in_force_version(gen, last),
-                             requested)
-        blocked = guard.blocked_versions()
+                             requested, metadata=dict(hint[1]) if hint else {})
+        blocked = guard.blocked_versions(refresh=hint is None)
         rows = follow_assignment_rows(tables.assignment_rows(self.spark, root),
                                       tables.assignment_rows(self.spark, root, guard.in_force),
                                       blocked, gen.n_instances)
@@ -872,18 +517,30 @@ class RestartableJob:
         return rows, guard
 
     def _stop_at_boundary(self, timeout: float = 120.0) -> None:
-        """Close the sink gate, wait for the last written batch's commit, stop the query."""
+        """Close the sink gate, wait for the last written batch's commit, stop the query.
+
+        A batch replayed from an earlier run (it may have written part of its output
+        then) is let commit first, so that whatever is left uncommitted at the stop
+        wrote nothing.
+        """
         query, gate = self.query, self.writer.gate
+        deadline = time.monotonic() + timeout
+        commits = Path(self.generation.checkpoint, "commits")
+        replay = self.replay_batch
+        while replay is not None and query.isActive and not (commits / str(replay)).exists():
+            if time.monotonic() > deadline:
+                raise RestartError(f"replayed batch {replay} did not commit in {timeout} s")
+            time.sleep(0.05)
         last = gate.close()
         self.stop_began = gate.closed_at
-        commits = Path(self.generation.checkpoint, "commits")
-        deadline = time.monotonic() + timeout
         while last is not None and query.isActive and not (commits / str(last)).exists():
             if time.monotonic() > deadline:
                 raise RestartError(f"batch {last} was written but not committed in {timeout} s")
             time.sleep(0.05)
         query.stop()
         self.query = None
+        self.last_commit_at = max((p.stat().st_mtime for p in commits.iterdir()
+                                   if p.name.isdigit()), default=None) if commits.is_dir() else None
 
     def _ensure_stopped(self) -> None:
         if self.query is not None:
@@ -894,7 +551,7 @@ class RestartableJob:
         position = checkpoint_position(gen.checkpoint)
         if not position.uncommitted:
             return
-        target = _log_ids(Path(gen.checkpoint, "offsets"))[-1]
+        target = log_ids(Path(gen.checkpoint, "offsets"))[-1]
         self._run(gen)
         deadline = time.monotonic() + timeout
         while not (Path(gen.checkpoint, "commits") / str(target)).exists():
@@ -906,10 +563,11 @@ class RestartableJob:
         self._stop_at_boundary()
 
     def _await_first_commit(self, gen: Generation) -> int:
+        """Wait for the generation's first committed batch (local id >= its start batch)."""
         commits = Path(gen.checkpoint, "commits")
         deadline = time.monotonic() + self.ack_timeout_seconds
         while True:
-            done = _log_ids(commits)
+            done = [b for b in log_ids(commits) if b >= gen.start_batch]
             if done:
                 return done[0]
             if self.query.exception() is not None:

@@ -1,0 +1,120 @@
+"""Reading a stopped generation's checkpoint: where it ends, where the next source starts,
+and which assignment version its committed batches were routed by."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from .restart_control import Generation, RestartError
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a stopped generation's checkpoint ends."""
+
+    last_batch: int | None          # last committed batch (None: nothing committed)
+    offset: dict[str, Any] | None   # its Delta source offset (of the events table)
+    next_watermark_ms: int | None   # watermark the next batch would have used
+    uncommitted: bool               # a planned batch was never committed
+
+
+def log_ids(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.glob("[0-9]*") if p.name.isdigit())
+
+
+def checkpoint_position(checkpoint: str) -> Position:
+    """Last committed batch of a (stopped) checkpoint, its source offset and next watermark."""
+    root = Path(checkpoint)
+    commits, offsets = log_ids(root / "commits"), log_ids(root / "offsets")
+    uncommitted = bool(offsets) and (not commits or offsets[-1] > commits[-1])
+    if not commits:
+        return Position(None, None, None, uncommitted)
+    last = commits[-1]
+    lines = (root / "offsets" / str(last)).read_text().strip().splitlines()
+    commit = json.loads((root / "commits" / str(last)).read_text().strip().splitlines()[-1])
+    # Line 1 is the batch metadata; then one offset per source, the events source first
+    # (the handoff source, when the query has one, follows it).
+    return Position(last, json.loads(lines[2]), int(commit.get("nextBatchWatermarkMs", 0)),
+                    uncommitted)
+
+
+def drop_uncommitted(checkpoint: str, written: set[int]) -> list[int]:
+    """Forget the planned but uncommitted batches of a stopped query (their offsets), so
+    that its next run plans that batch afresh (with input that arrived since, e.g.
+    handoff rows). Only for batches that wrote nothing (not in ``written``): the sink
+    refused them, or the stop came first. Returns the batch ids dropped."""
+    root = Path(checkpoint)
+    commits = log_ids(root / "commits")
+    last = commits[-1] if commits else -1
+    planned = [b for b in log_ids(root / "offsets") if b > last]
+    if any(b in written for b in planned):
+        raise RestartError(f"uncommitted batch(es) {sorted(set(planned) & written)} of "
+                           f"{checkpoint} may have written output: replay them first")
+    for b in sorted(planned, reverse=True):
+        for name in (str(b), f".{b}.crc"):
+            (root / "offsets" / name).unlink(missing_ok=True)
+    return planned
+
+
+def version_files(spark: SparkSession, table_path: str, version: int) -> list[str]:
+    """File names of the data files a Delta commit added, in the order of its log."""
+    log_file = f"{table_path}/_delta_log/{version:020d}.json"
+    local = Path(log_file.removeprefix("file:"))
+    lines = (local.read_text().splitlines() if "://" not in log_file and local.exists()
+             else [row.value for row in spark.read.text(log_file).collect()])
+    names = []
+    for line in lines:
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        add = action.get("add")
+        if add and add.get("dataChange", True):
+            names.append(add["path"].rsplit("/", 1)[-1])
+    return names
+
+
+def source_after(spark: SparkSession, table_path: str, offset: dict[str, Any]) -> dict[str, Any]:
+    """Source options that start exactly after a Delta source offset.
+
+    An offset ``(V, i)`` means every version before V and the files ``0..i`` of
+    version V were processed (``i = -1``: none of V). The new source starts at
+    the version holding the last processed file (so that it exists, and its batch
+    0 has input and runs at once) and skips the files of it already processed.
+    """
+    if offset.get("isStartingVersion"):
+        raise RestartError(
+            f"the old generation stopped inside its initial snapshot (offset {offset}); "
+            "generations read with startingVersion, let it finish the snapshot first")
+    version, index = int(offset["reservoirVersion"]), int(offset["index"])
+    if index < 0:
+        version, index = version - 1, None
+    if version < 0:
+        return {"starting_version": 0, "exclude_files": []}
+    files = version_files(spark, table_path, version)
+    done = files if index is None else files[:index + 1]
+    return {"starting_version": version, "exclude_files": done}
+
+
+def routing_log(checkpoint: str) -> Path:
+    """Folder of a generation's routing log, next to its checkpoint: a file ``<batch>``
+    (JSON ``{"assignment_version": v}``) for each batch whose routing differs from the
+    batch before (before the first entry: the generation's own version)."""
+    return Path(checkpoint).with_name(Path(checkpoint).name + "-routing")
+
+
+def in_force_version(gen: Generation, last_batch: int | None) -> int:
+    """The assignment version in force after ``last_batch`` of ``gen``: the version its
+    output rows of the last logged batch up to ``last_batch`` record (its own version when
+    it committed none, or never switched)."""
+    folder = routing_log(gen.checkpoint)
+    if last_batch is None or not folder.is_dir():
+        return gen.assignment_version
+    logged = [b for b in log_ids(folder) if gen.start_batch <= b <= last_batch]
+    if not logged:
+        return gen.assignment_version
+    return int(json.loads((folder / str(logged[-1])).read_text())["assignment_version"])

@@ -1,0 +1,185 @@
+"""The ``restarts`` control table of a restartable job, and what a generation is.
+
+A restart request and every step the job takes to execute it are rows of the Delta
+table ``restarts`` (:data:`STEPS`), each written once (Delta transaction: request
+id, step order); the DAG writes the request (:func:`request_restart`) and reads
+the status (:meth:`RestartControl.status`). See :mod:`rebalance.streaming.restart`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from ..spark import tables
+from ..spark.plan_store import utcnow
+
+log = logging.getLogger(__name__)
+
+#: Steps of a request and their order (the Delta ``txnVersion`` of their row).
+STEPS = {"requested": 10, "stopped": 20, "state_written": 30, "cancelled": 35, "started": 40,
+         "acknowledged": 50, "failed": 60, "rolled_back": 70}
+#: Steps after which a request is finished.
+TERMINAL = ("acknowledged", "rolled_back")
+BOOTSTRAP = "bootstrap"
+
+
+class RestartError(RuntimeError):
+    """A restart cannot proceed (with the reason)."""
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised at an injected step (tests, benchmark): the driver 'dies' there."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One run of the keyed query: the assignment version it starts with, N and checkpoint.
+
+    ``batch_offset`` is the global number of its checkpoint's batch 0; ``source``
+    says where its checkpoint's Delta source starts (``starting_version``,
+    ``exclude_files`` of that version already processed, ``min_event_ms``: events
+    at or before the old watermark are late); ``state_path`` holds its checkpoint's
+    initial state (None: empty). ``in_place``: it continues the checkpoint of the
+    generation before it (same N), from its local batch ``start_batch`` on, and
+    received the moved keys' state inside the stream (handoff rows).
+    """
+
+    number: int
+    assignment_version: int
+    n_instances: int
+    checkpoint: str
+    batch_offset: int = 0
+    source: dict[str, Any] = field(default_factory=lambda: {"starting_version": 0})
+    state_path: str | None = None
+    start_batch: int = 0
+    in_place: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    request_id: str
+    step: str
+    generation: int | None
+    assignment_version: int | None
+    n_instances: int | None
+    checkpoint: str | None
+    detail: dict[str, Any]
+    at: Any
+
+
+class RestartControl:
+    """The ``restarts`` Delta table of one job: requests and their recorded steps."""
+
+    def __init__(self, spark: SparkSession, job: str = "keyed",
+                 root: str | Path | None = None) -> None:
+        self.spark, self.job, self.root = spark, job, root
+        self._ready = False
+
+    def record(self, request_id: str, step: str, generation: Generation | None = None,
+               assignment_version: int | None = None, n_instances: int | None = None,
+               **detail: Any) -> None:
+        """Write the step once (a second write of it, or of an earlier step, is skipped)."""
+        self.record_steps(request_id, [(step, generation, dict(
+            detail, assignment_version=assignment_version, n_instances=n_instances))])
+
+    def record_steps(self, request_id: str,
+                     steps: list[tuple[str, Generation | None, dict[str, Any]]]) -> None:
+        """Write consecutive steps in one commit (``(step, generation, detail)``, detail
+        may name ``assignment_version`` and ``n_instances``); as :meth:`record`, once."""
+        if not self._ready:
+            tables.ensure_table(self.spark, tables.RESTARTS, self.root)
+            self._ready = True
+        rows = []
+        for step, generation, detail in steps:
+            detail = dict(detail)
+            assignment_version = detail.pop("assignment_version", None)
+            n_instances = detail.pop("n_instances", None)
+            if generation is not None:
+                detail["generation"] = dataclasses.asdict(generation)
+                assignment_version = generation.assignment_version
+                n_instances = generation.n_instances
+            rows.append((request_id, step, self.job,
+                         generation.number if generation else None, assignment_version,
+                         n_instances, generation.checkpoint if generation else None,
+                         json.dumps(detail, sort_keys=True, default=str), utcnow()))
+        names = [step for step, _, _ in steps]
+        df = self.spark.createDataFrame(rows, tables.RESTARTS.schema)
+        tables.append(df, tables.RESTARTS, self.root,
+                      metadata={"kind": "restart", "job": self.job, "request_id": request_id,
+                                "step": names[-1], **({"steps": names} if len(names) > 1 else {})},
+                      txn=(f"restart:{self.job}:{request_id}", max(STEPS[n] for n in names)))
+        log.info("restart %s: %s", request_id, ", ".join(names))
+
+    def steps(self, request_id: str | None = None) -> list[Step]:
+        """Recorded steps (of one request), in commit order."""
+        if not tables.exists(self.spark, tables.RESTARTS, self.root):
+            return []
+        df = tables.read(self.spark, tables.RESTARTS, self.root).where(F.col("job") == self.job)
+        if request_id is not None:
+            df = df.where(F.col("request_id") == request_id)
+        rows = df.collect()
+        rows = sorted(rows, key=lambda r: (r.at, STEPS[r.step]))
+        return [Step(r.request_id, r.step, r.generation, r.assignment_version, r.n_instances,
+                     r.checkpoint, json.loads(r.detail or "{}"), r.at) for r in rows]
+
+    def request(self, assignment_version: int, n_instances: int,
+                request_id: str | None = None, **detail: Any) -> str:
+        """Ask the job to restart with this assignment version and N; return the request id."""
+        request_id = request_id or uuid.uuid4().hex[:16]
+        self.record(request_id, "requested", assignment_version=assignment_version,
+                    n_instances=n_instances, **detail)
+        return request_id
+
+    def status(self, request_id: str) -> dict[str, Any]:
+        """``{"steps": [...], "state": last step, "done": bool, "ok": bool, ...}``."""
+        steps = self.steps(request_id)
+        names = [s.step for s in steps]
+        state = max(names, key=STEPS.__getitem__) if names else None
+        cancelled = "cancelled" in names and (
+            "started" not in names or names.index("cancelled") < names.index("started"))
+        out = {"request_id": request_id, "steps": names, "state": state,
+               "done": state in TERMINAL, "ok": state == "acknowledged",
+               "cancelled": cancelled}
+        for s in steps:
+            if s.step in ("acknowledged", "failed"):
+                out.update(s.detail)
+        return out
+
+    def live_generation(self, steps: list[Step] | None = None) -> Generation | None:
+        """The generation of the latest acknowledged request (None before the first)."""
+        acked = [s for s in (self.steps() if steps is None else steps)
+                 if s.step == "acknowledged"]
+        if not acked:
+            return None
+        best = max(acked, key=lambda s: s.generation)
+        return Generation(**best.detail["generation"])
+
+    def pending(self, steps: list[Step] | None = None) -> str | None:
+        """The oldest request that is not finished (None when there is none)."""
+        by_request: dict[str, list[str]] = {}
+        order: list[str] = []
+        for s in (self.steps() if steps is None else steps):
+            if s.request_id not in by_request:
+                order.append(s.request_id)
+            by_request.setdefault(s.request_id, []).append(s.step)
+        for request_id in order:
+            if not any(step in TERMINAL for step in by_request[request_id]):
+                return request_id
+        return None
+
+
+def request_restart(spark: SparkSession, assignment_version: int, n_instances: int,
+                    job: str = "keyed", root: str | Path | None = None,
+                    request_id: str | None = None, **detail: Any) -> str:
+    """Record a restart request for the running job (the DAG's side); return its id."""
+    return RestartControl(spark, job, root).request(assignment_version, n_instances,
+                                                    request_id, **detail)

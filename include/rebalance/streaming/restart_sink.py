@@ -1,0 +1,145 @@
+"""The restartable job's sink: a gate that stops a generation at a micro-batch boundary,
+and a guard of the assignment versions a generation follows live."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ..spark import tables
+from .job import KeyedOutputWriter
+from .processor import RESULT
+
+log = logging.getLogger(__name__)
+
+
+class StoppedAtBoundary(RuntimeError):
+    """Raised by the sink when a batch starts after the gate closed: nothing was written."""
+
+
+class HeldForRestart(StoppedAtBoundary):
+    """Raised by the sink when a batch was routed by a version the generation must not
+    follow (published for a controlled restart, or for another N): nothing was written."""
+
+
+class BoundaryGate:
+    """Lets the sink finish the batch it is writing and refuses the next one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.closed = False
+        self.closed_at: float | None = None
+        self.last_written: int | None = None
+
+    def close(self) -> int | None:
+        """Close (waits for a batch being written); return the last batch fully written."""
+        with self._lock:
+            self.shut()
+            return self.last_written
+
+    def shut(self) -> None:
+        """Refuse every later batch (the caller holds the lock)."""
+        if not self.closed:
+            self.closed, self.closed_at = True, time.time()
+
+
+def blocks(metadata: dict[str, Any], n_instances: int) -> bool:
+    """Whether a generation of ``n_instances`` must not follow a published version live:
+    it was published for a controlled restart (``apply_mode`` restart) or for another N."""
+    return (metadata.get("apply_mode") == "restart"
+            or int(metadata.get("n_instances", n_instances)) != n_instances)
+
+
+@dataclass
+class VersionGuard:
+    """Which assignment versions a running generation follows (live switch) and which not.
+
+    ``in_force`` is the version the last written batch was routed by; a batch routed
+    by a newer version is written only when that version may be followed
+    (:func:`blocks`), and never by an older one (a pinned fallback behind a live switch).
+    """
+
+    spark: SparkSession
+    root: str | None
+    n_instances: int
+    in_force: int
+    requested: set[int] = field(default_factory=set)
+    metadata: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def blocked_versions(self, refresh: bool = True) -> list[int]:
+        """Published versions after the one in force that must not be followed (``refresh``:
+        read the table's history first; without, what ``metadata`` holds)."""
+        if refresh:
+            self._refresh()
+        return sorted(v for v in set(self.metadata) | self.requested
+                      if v > self.in_force and not self.followable(v))
+
+    def followable(self, version: int) -> bool:
+        if version == self.in_force:
+            return True
+        if version < self.in_force or version in self.requested:
+            return False
+        if version not in self.metadata:
+            self._refresh()
+        return not blocks(self.metadata.get(version, {}), self.n_instances)
+
+    def _refresh(self) -> None:
+        if tables.exists(self.spark, tables.ASSIGNMENTS, self.root):
+            for commit in tables.assignment_history(self.spark, self.root):
+                self.metadata[int(commit.version)] = commit.metadata
+
+
+@dataclass
+class GatedWriter(KeyedOutputWriter):
+    """The keyed sink behind a :class:`BoundaryGate`; with a :class:`VersionGuard`, a batch
+    routed by a version the generation must not follow is refused (:class:`HeldForRestart`)
+    and every change of the version in force is logged (:func:`routing_log`)."""
+
+    gate: BoundaryGate = field(default_factory=BoundaryGate)
+    guard: VersionGuard | None = None
+    log_folder: Path | None = None
+    held: int | None = None
+    #: Batches that passed the gate and the guard (they may have written output).
+    written: set[int] = field(default_factory=set)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        with self.gate._lock:
+            if self.gate.closed:
+                raise StoppedAtBoundary(f"batch {batch_id} refused: the query is stopping")
+            super().__call__(batch, batch_id)
+            self.gate.last_written = batch_id
+
+    def before_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+        version = versions.get(RESULT)
+        if self.guard is None or version is None or self.guard.followable(int(version)):
+            self.written.add(batch_id)
+            return
+        self.held = int(version)
+        self.gate.shut()
+        raise HeldForRestart(
+            f"batch {batch_id} refused: routed by assignment version {version}, which this "
+            f"generation (version {self.guard.in_force} in force) does not follow live")
+
+    def after_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+        version = versions.get(RESULT)
+        if self.guard is None or version is None:
+            return
+        target = self.log_folder / str(batch_id) if self.log_folder is not None else None
+        # A replayed batch may be routed otherwise than its first attempt: rewrite its entry.
+        if int(version) != self.guard.in_force or (target is not None and target.exists()):
+            if int(version) != self.guard.in_force:
+                log.info("live switch: batch %d routed by assignment version %s", batch_id,
+                         version)
+            self.guard.in_force = int(version)
+            if target is not None:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(target.name + ".tmp")
+                tmp.write_text(json.dumps({"assignment_version": int(version)}))
+                tmp.replace(target)

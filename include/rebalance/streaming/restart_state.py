@@ -1,0 +1,219 @@
+"""Migrating a stopped generation's operator state to a new assignment and N.
+
+:func:`read_state` reads the state back (``statestore`` reader), :func:`migrate_state`
+re-keys it, :func:`write_state` writes it as a new generation's ``initialState``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..placement import default_instances
+from ..spark import tables
+from .processor import (
+    HANDOFF_COLUMNS_DDL, HANDOFF_IN, HANDOFF_OUT, INITIAL_STATE_DDL, PERKEY, PERWINDOW)
+from .restart_control import Generation
+from .routing import instance_labels, route
+
+
+def read_state(spark: SparkSession, generation: Generation,
+               last_batch: int | None) -> pd.DataFrame:
+    """The generation's state after ``last_batch`` as :data:`INITIAL_STATE_DDL` rows
+    (labels of its N); its own initial state when it committed no batch."""
+    columns = [c.split()[0] for c in INITIAL_STATE_DDL.split(", ")]
+    if last_batch is None:
+        if generation.state_path is None:
+            return pd.DataFrame(columns=columns)
+        return spark.read.parquet(generation.state_path).toPandas()[columns]
+
+    def load(name: str) -> DataFrame:
+        return (spark.read.format("statestore").option("path", generation.checkpoint)
+                .option("stateVarName", name).option("batchId", last_batch).load())
+
+    perkey = load(PERKEY).select(
+        F.col("key.label").cast("int").alias("label"), F.lit(PERKEY).alias("kind"),
+        F.col("user_map_key.key").alias("key"), "user_map_value.*")
+    perwindow = load(PERWINDOW).select(
+        F.col("key.label").cast("int").alias("label"), F.lit(PERWINDOW).alias("kind"),
+        F.col("user_map_key.window_start_ms").alias("window_start_ms"),
+        *[F.col(f"user_map_value.{c}").alias(c if c != "version" else "window_version")
+          for c in ("events", "load", "task_ns", "cpu_ns", "version")])
+    perwindow = perwindow.withColumnRenamed("window_version", "version")
+    both = perkey.unionByName(perwindow, allowMissingColumns=True)
+    return both.select(columns).toPandas()
+
+
+def migrate_state(state: pd.DataFrame, old_n: int, new_n: int, routing: dict[str, int],
+                  version: int) -> pd.DataFrame:
+    """Re-key a generation's state for a new assignment (``routing``) and N.
+
+    Every key goes to the label of its instance under the new assignment; the
+    values of a key are copied as they are (its default instance is recomputed
+    only when N changes; a key held by two labels, after an earlier live switch,
+    is merged). Each open window (one the old state still tracked per instance)
+    gets, per new instance, the events and load of the keys it now holds (the
+    operator's invariant), the operator time its instance had, and a timer.
+    """
+    old_instance = {label: i for i, label in enumerate(instance_labels(old_n))}
+    new_labels = np.array(instance_labels(new_n))
+    perkey = state[state.kind == PERKEY].copy()
+    perwindow = state[state.kind == PERWINDOW].copy()
+    if perkey["key"].duplicated().any():
+        perkey = _merge_duplicate_keys(perkey)
+    keys = perkey["key"].astype(str).to_numpy()
+    defaults = default_instances(keys, new_n) if len(keys) else np.zeros(0, dtype=int)
+    instances = np.array([routing.get(k, d) for k, d in zip(keys, defaults)], dtype=int)
+    perkey["label"] = new_labels[instances] if len(keys) else []
+    if new_n != old_n:
+        perkey["default_instance"] = defaults
+    # Open windows: the events of the keys each new instance holds.
+    open_windows = set(perwindow["window_start_ms"].astype("int64"))
+    exploded = pd.DataFrame({
+        "label": np.repeat(perkey["label"].to_numpy(), perkey["windows"].map(len).to_numpy()),
+        "window_start_ms": np.concatenate([np.asarray(w, dtype=np.int64)
+                                           for w in perkey["windows"]] or [np.zeros(0)]),
+        "events": np.concatenate([np.asarray(c, dtype=np.int64)
+                                  for c in perkey["counts"]] or [np.zeros(0)]),
+        "load": np.concatenate([np.asarray(c, dtype=np.float64)
+                                for c in perkey["costs"]] or [np.zeros(0)]),
+    })
+    exploded = exploded[exploded.window_start_ms.isin(open_windows)]
+    windows = (exploded.groupby(["label", "window_start_ms"], as_index=False)
+               .agg(events=("events", "sum"), load=("load", "sum")))
+    old = perwindow.assign(
+        instance=perwindow["label"].map(old_instance).astype(int) % new_n)
+    old["label"] = new_labels[old["instance"].to_numpy()] if len(old) else []
+    timing = (old.groupby(["label", "window_start_ms"], as_index=False)
+              .agg(task_ns=("task_ns", "sum"), cpu_ns=("cpu_ns", "sum"),
+                   old_version=("version", "max")))
+    windows = windows.merge(timing, on=["label", "window_start_ms"], how="left")
+    windows = windows[windows.events > 0]
+    windows = windows.assign(
+        kind=PERWINDOW, task_ns=windows.task_ns.fillna(0).astype("int64"),
+        cpu_ns=windows.cpu_ns.fillna(0).astype("int64"),
+        version=np.maximum(windows.old_version.fillna(0).astype("int64"), int(version)))
+    columns = [c.split()[0] for c in INITIAL_STATE_DDL.split(", ")]
+    out = pd.concat([perkey, windows.drop(columns="old_version")], ignore_index=True)
+    return out.reindex(columns=columns)
+
+
+def _merge_duplicate_keys(perkey: pd.DataFrame) -> pd.DataFrame:
+    from .processor import KeyWindows
+
+    rows = []
+    for _, group in perkey.groupby("key", sort=False):
+        first = group.iloc[0].copy()
+        if len(group) > 1:
+            merged = KeyWindows(int(first.key_group), int(first.default_instance),
+                                int(group.version.max()))
+            for r in group.itertuples(index=False):
+                for w, c, s, k in zip(r.windows, r.counts, r.sums, r.costs):
+                    merged.add(int(w), int(c), float(s), float(k))
+            first["windows"], first["counts"] = merged.windows, merged.counts
+            first["sums"], first["costs"] = merged.sums, merged.costs
+            first["version"] = merged.version
+        rows.append(first)
+    return pd.DataFrame(rows)
+
+
+def write_state(spark: SparkSession, frame: pd.DataFrame, path: str) -> None:
+    """Write migrated state rows as Parquet (overwrite: re-running the step is safe)."""
+    schema = spark.createDataFrame([], INITIAL_STATE_DDL).schema
+    parts = {PERKEY: ["label", "kind", "key", "key_group", "default_instance", "version",
+                      "windows", "counts", "sums", "costs"],
+             PERWINDOW: ["label", "kind", "window_start_ms", "events", "load", "task_ns",
+                         "cpu_ns", "version"]}
+    df = spark.createDataFrame([], schema)
+    for kind, columns in parts.items():
+        rows = frame.loc[frame.kind == kind, columns]
+        if len(rows):
+            rows = rows.astype({c: t for c, t in {
+                "label": "int32", "key_group": "int32", "default_instance": "int32",
+                "version": "int64", "window_start_ms": "int64", "events": "int64",
+                "load": "float64", "task_ns": "int64", "cpu_ns": "int64"}.items()
+                if c in columns})
+            sub = spark.createDataFrame(rows, schema=_sub_schema(schema, columns))
+            df = df.unionByName(sub, allowMissingColumns=True)
+    df.select(schema.fieldNames()).repartition(1).write.mode("overwrite").parquet(path)
+
+
+def _sub_schema(schema, columns: list[str]):
+    from pyspark.sql.types import StructType
+
+    return StructType([schema[c] for c in columns])
+
+
+# --------------------------------------------------------------------- handoff in the stream
+
+#: A handoff row (:data:`~rebalance.streaming.processor.HANDOFF_COLUMNS_DDL`) with its
+#: label, key and the key's state fields.
+HANDOFF_DDL = ("label INT, key STRING, key_group INT, default_instance INT, "
+               "assignment_version BIGINT, " + HANDOFF_COLUMNS_DDL)
+HANDOFF_TYPES = {name: kind for name, kind in (c.split(" ", 1) for c in HANDOFF_DDL.split(", "))}
+
+
+def handoff_table(checkpoint: str) -> str:
+    """The Delta table a checkpoint's query reads handoff rows from (one per checkpoint)."""
+    return str(checkpoint).rstrip("/") + "-handoff"
+
+
+def ensure_handoff_table(spark: SparkSession, checkpoint: str) -> str:
+    """Create the (empty) handoff table of a checkpoint if needed; return its path."""
+    path = handoff_table(checkpoint)
+    if not (Path(path) / "_delta_log").is_dir():
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {tables.sql_name(path)} ({HANDOFF_DDL}) "
+                  "USING delta")
+    return path
+
+
+def handoff_rows(spark: SparkSession, checkpoint: str, last_batch: int,
+                 assignment_rows: DataFrame, n_instances: int, version: int) -> DataFrame:
+    """The handoff rows that bring a checkpoint's state after ``last_batch`` to a new
+    assignment of the same N, computed in Spark (only moved keys reach Python later).
+
+    Every ``perkey`` entry held by a label other than its key's label under the new
+    assignment (a moved key, or a key split by an earlier live switch) becomes an
+    ``out`` row for the label holding it and an ``in`` row, with its state, for the
+    key's new label; every other key keeps its state where it is, untouched.
+    """
+    state = (spark.read.format("statestore").option("path", checkpoint)
+             .option("stateVarName", PERKEY).option("batchId", last_batch).load()
+             .select(F.col("key.label").cast("int").alias("held_by"),
+                     F.col("user_map_key.key").alias("key"),
+                     *[F.col(f"user_map_value.{c}").alias(f"state_{c}") for c in (
+                         "key_group", "default_instance", "version", "windows", "counts",
+                         "sums", "costs")]))
+    routed = route(state, assignment_rows, n_instances)
+    # An in row merges when its new label also holds the key (split by a live switch).
+    staying = (routed.where(F.col("held_by") == F.col("label"))
+               .select("key", F.lit(True).alias("merge")))
+    moved = (routed.where(F.col("held_by") != F.col("label"))
+             .join(F.broadcast(staying), "key", "left"))
+    windows = {c: F.col(f"state_{c}") for c in ("windows", "counts", "sums", "costs")}
+    given_out = {"label": F.col("held_by"), "key": F.col("key"), "handoff": F.lit(HANDOFF_OUT),
+                 **windows}
+    given_in = {"label": F.col("label"), "key": F.col("key"),
+                "key_group": F.col("state_key_group"),
+                "default_instance": F.col("state_default_instance"),
+                "assignment_version": F.lit(int(version)), "handoff": F.lit(HANDOFF_IN),
+                "merge": F.coalesce(F.col("merge"), F.lit(False)),
+                "state_version": F.col("state_version"), **windows}
+
+    def row(given: dict) -> Column:
+        return F.struct(*[given.get(c, F.lit(None)).cast(t).alias(c)
+                          for c, t in HANDOFF_TYPES.items()])
+
+    # One scan of the state: each moved entry gives its out row and its in row.
+    return moved.select(F.explode(F.array(row(given_out), row(given_in))).alias("r")).select("r.*")
+
+
+def append_handoff(spark: SparkSession, checkpoint: str, staged: str, request_id: str) -> None:
+    """Append staged handoff rows to the checkpoint's handoff table, once per request."""
+    (spark.read.parquet(staged).write.format("delta").mode("append")
+     .option("txnAppId", f"handoff:{request_id}").option("txnVersion", 1)
+     .save(ensure_handoff_table(spark, checkpoint)))
