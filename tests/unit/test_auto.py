@@ -108,3 +108,17 @@ def test_auto_polish_budget_is_far_below_the_time_limit():
     assert plan.metrics.migration_bytes <= mixed.metrics.migration_bytes * (1 + 1e-9)
     # Mixed + covers (<= 1 s) + POLISH_SECONDS + evaluation, never the 30 s limit
     assert spent < POLISH_SECONDS + 6
+
+
+def test_auto_skips_the_cover_plan_when_too_many_keys_sit_on_overloaded_instances(monkeypatch):
+    from rebalance.planners import auto as auto_module
+    from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
+
+    monkeypatch.setattr(auto_module, "COVER_PLAN_MAX_KEYS", 10)
+    problem = SyntheticWorkload(SyntheticConfig(n_keys=1500, n_instances=8)).problem(1)
+    params = PlanParams(theta=0.08, time_limit=2.0)
+    plan = get_planner("auto").plan(problem, params)
+    mixed = get_planner("mixed").plan(problem, params)
+    assert any(n.startswith("no cover plan:") for n in plan.notes)
+    assert any(n.startswith("milp polish") for n in plan.notes)
+    assert plan.metrics.migration_bytes <= mixed.metrics.migration_bytes * (1 + 1e-9)

@@ -10,7 +10,9 @@ rung that is good enough (issue 11: "stop as soon as more search cannot pay"):
 
 1. Run Mixed (:class:`~rebalance.planners.llfd.MixedPlanner`). Keep it when it is
    feasible and within :data:`GOOD_ENOUGH` of its combinatorial lower bound, or the
-   problem has more than :data:`MILP_MAX_KEYS` keys, or there is no load.
+   problem has more than :data:`MILP_MAX_KEYS` keys, or there is no load. With more than
+   :data:`COVER_PLAN_MAX_KEYS` keys on the instances to relieve, skip to the former MILP
+   polish from Mixed (75 % of the time left, stopping at a 1 % gap).
 2. The **cover plan** (:func:`cover_plan`): the best max load any plan can reach is
    L = max(L_max, heaviest key); every instance above L sheds the cheapest set of keys
    that covers its excess (a 0/1 knapsack cover per instance, solved by HiGHS in
@@ -66,9 +68,14 @@ MILP_GAP = 0.01
 #: Share of the time left after the cover plan that the MILP may get (it overruns its
 #: limit a little: model hand-over, disaggregation, evaluation).
 MILP_SHARE = 0.75
+#: Above this many keys on the instances to relieve, no cover plan: one HiGHS knapsack per
+#: instance of ~1500 keys ran out of the covers' 1 s at 10^5 keys, N = 64 (38 000 such
+#: keys), the greedy rest was 24 % worse than the former polish, which auto then runs
+#: from Mixed with its former budget. Mid-size problems have 25-2 100 (auto_benchmark).
+COVER_PLAN_MAX_KEYS = 10_000
 #: Share of the time left that the knapsack covers may take (twice at most: the covers,
 #: then the covers restricted to keys that fit).
-COVER_SHARE = 0.25
+COVER_SHARE = 0.4
 #: Rounds of repair of the cover plan (instances still above the bound shed more keys).
 REPAIR_ROUNDS = 3
 #: Instances (those with the most room) a key that fits nowhere may evict lighter keys from.
@@ -114,6 +121,20 @@ class AutoPlanner(Planner):
         # Rung 2: the integer bound at the best reachable max load, and the plan of its covers.
         target = max(problem.max_load(params.theta), float(problem.load.max()))
         best, bound = mixed, None
+        crowded = _keys_above(problem, target)
+        if crowded > COVER_PLAN_MAX_KEYS:
+            # The covers would need more than the search budget (a HiGHS knapsack per
+            # instance): the former polish, from Mixed, with the former budget.
+            seconds = MILP_SHARE * (params.time_limit - (time.perf_counter() - t0))
+            milp = self._polish(problem, params, mixed, seconds, mixed.lower_bound_bytes,
+                                size_seconds=MILP_SHARE * params.time_limit)
+            chosen = milp if _better(milp, mixed) else mixed
+            notes += [f"no cover plan: {crowded} keys on instances above {target:.6g} "
+                      f"(more than {COVER_PLAN_MAX_KEYS})",
+                      f"milp polish ({seconds:.2f} s, warm start = Mixed): {_summary(milp)}",
+                      f"chose {'the MILP polish' if chosen is milp else 'Mixed'}"]
+            return Proposal(chosen.assignment, notes + _prefixed(chosen.method, chosen.notes),
+                            solver_bound=milp.solver_bound)
         t1 = time.perf_counter()
         deadline = t0 + params.time_limit
         covers = knapsack_covers(problem, target, total_seconds=_cover_seconds(deadline))
@@ -185,14 +206,15 @@ class AutoPlanner(Planner):
 
     @staticmethod
     def _polish(problem: Problem, params: PlanParams, start: Plan, seconds: float,
-                bound: float | None) -> Plan:
+                bound: float | None, size_seconds: float | None = None) -> Plan:
         from .milp import MilpPlanner, _max_explicit_keys, _max_returns
 
         # Determinism: the model size follows the polish budget (not the time left, which
         # varies), and HiGHS stops at the target or the gap, usually before the deadline.
+        if size_seconds is None:
+            size_seconds = min(POLISH_SECONDS, MILP_SHARE * params.time_limit)
         sized = PlanParams(theta=params.theta, budget_keys=params.budget_keys,
-                           time_limit=min(POLISH_SECONDS, MILP_SHARE * params.time_limit),
-                           extra=params.extra)
+                           time_limit=size_seconds, extra=params.extra)
         highs = {"mip_rel_gap": MILP_GAP}
         total_state = float(problem.state.sum())
         if bound is not None and total_state > 0:
@@ -328,6 +350,15 @@ def cover_plan(problem: Problem, moving: np.ndarray, max_load: float,
             if not place(chosen):
                 return None
     return a if (room >= 0).all() else None
+
+
+def _keys_above(problem: Problem, max_load: float) -> int:
+    """Keys on the instances loaded above ``max_load`` (what the covers would look at)."""
+    stay = ~problem.must_move()
+    loads = np.bincount(problem.current[stay], weights=problem.load[stay],
+                        minlength=problem.n_instances)
+    above = np.flatnonzero(loads > max_load * (1 + 1e-12))
+    return int(np.isin(problem.current[stay], above).sum()) if len(above) else 0
 
 
 def _cover_seconds(deadline: float) -> float:
