@@ -92,11 +92,21 @@ class UI:
         return dialog
 
     @staticmethod
-    def set_backfill_range(dialog, start: str, end: str) -> None:
-        """``start``/``end`` as ``YYYY-MM-DDTHH:MM`` (the datetime-local inputs)."""
-        inputs = dialog.locator("input[type=datetime-local]")
-        inputs.nth(0).fill(start)
-        inputs.nth(1).fill(end)
+    def set_backfill_range(dialog, start, end) -> None:
+        """From/To through the date-time pickers (UTC datetimes), then reprocess every run
+        in the range with the form's params ("All Runs", override parameters)."""
+        page = dialog.page
+        for i, when in enumerate((start, end)):
+            dialog.locator("[data-testid=datetime-input]").nth(i).click()
+            picker = page.locator("[data-scope=popover][data-part=content][data-state=open]")
+            picker.get_by_placeholder("YYYY/MM/DD").fill(when.strftime("%Y/%m/%d"))
+            clock = picker.get_by_placeholder("HH:mm")
+            clock.fill(when.strftime("%H:%M"))
+            clock.press("Enter")
+            dialog.get_by_text("Date Range").click()  # closes the picker
+        dialog.get_by_text(re.compile(r"\d+ runs? will be triggered")).wait_for()
+        dialog.get_by_text("All Runs", exact=True).click()
+        dialog.get_by_text("Override parameters on existing runs").click()
 
     def submit_backfill(self, dialog) -> None:
         dialog.get_by_role("button", name=re.compile(r"Run Backfill")).click()
