@@ -34,14 +34,14 @@ assignment's instances in [0, N) and its keys listed once.
 
 Speed (issue 11). Rows stay columns: a pyarrow table (Parquet and CSV are read with
 pyarrow, only the columns used) or a pandas frame (the DAG's Spark result) becomes one
-string array of keys and numpy arrays; nothing loops over rows or keys in Python. Keys
-are matched by one hash pass (``pyarrow.compute.dictionary_encode`` over the histogram
-and assignment keys together) and the distinct keys sorted by :func:`string_order`
-(a radix-like sort on 8-byte big-endian prefixes); merging is ``np.bincount`` and
-``np.maximum.at`` on (window, key) positions; the default placement hashes the keys'
-UTF-8 buffers in numpy (:func:`rebalance.placement.spark_hash_strings`). Measured at
-10^6 keys, one window (2 cores): about 0.5 s from the Parquet file to the problem
-(``include/docs/planning.md``, "Scale").
+string array of keys and numpy arrays; nothing loops over rows or keys in Python. The
+histogram and assignment keys are sorted together by :func:`string_order` (a radix-like
+sort on 8-byte big-endian prefixes of their UTF-8 bytes), which also finds the distinct
+keys and where every row's key is (:func:`sorted_keys`, no hash table); merging is
+``np.bincount`` and ``np.maximum.at`` on (window, key) positions; the default placement
+hashes the keys' UTF-8 buffers in numpy (:func:`rebalance.placement.spark_hash_strings`).
+Measured at 10^6 keys, one window: about 0.4 s of CPU from the Parquet file to the
+problem (``include/docs/planning.md``, "Scale").
 
 Pure pyarrow/numpy (pandas only for pandas input, CSV timestamps that need parsing and
 the DataFrame-returning helpers); Spark is imported lazily and only for a Delta table

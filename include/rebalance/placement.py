@@ -5,8 +5,11 @@ entry says otherwise. The Spark side computes exactly the same thing:
 
 * ``key_group(key) = pmod(hash(key), G)`` where ``hash`` is Spark SQL's
   ``hash()`` (Murmur3 x86_32, seed 42, over the UTF-8 bytes, with Spark's own
-  byte-at-a-time tail). :func:`spark_hash_strings` reproduces it with numpy
-  and is tested against Spark on the same keys.
+  byte-at-a-time tail). :func:`spark_hash_strings` reproduces it with numpy over
+  the UTF-8 buffers of all keys at once (pyarrow holds or makes those buffers; no
+  Python work per key: 10^7 keys in about 0.7 s of CPU) and is tested against Spark
+  on the same keys, unicode and 4 KiB keys included
+  (``tests/integration/test_placement_spark.py``).
 * ``default_instance = group_instance(key_group, N)``: jump consistent hash of
   the key group (Lamping & Veach), so changing N from n to n+1 moves only about
   1/(n+1) of the key groups instead of reshuffling every key.
