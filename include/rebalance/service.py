@@ -131,6 +131,8 @@ def base_env(s: Settings) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "SPARK_HOME": str(spark_home()),
         "PYSPARK_PYTHON": sys.executable,
+        # Spark's web UI binds to SPARK_LOCAL_IP (else 0.0.0.0): loopback only.
+        "SPARK_LOCAL_IP": HOST,
     })
     env.pop("REBALANCE_SPARK_REMOTE", None)
     return env
@@ -176,9 +178,11 @@ def components(s: Settings) -> list[Component]:
         connect,
         Component("api-server", [airflow, "api-server", "--host", HOST, "--port", str(s.api_port)],
                   aenv, port=s.api_port, ready_url=f"{s.api_url}/api/v2/monitor/health"),
-        Component("scheduler", [airflow, "scheduler"], aenv),
+        # One machine: the api-server reads task logs from the files; the log servers
+        # (which would listen on 0.0.0.0) are not started.
+        Component("scheduler", [airflow, "scheduler", "--skip-serve-logs"], aenv),
         Component("dag-processor", [airflow, "dag-processor"], aenv),
-        Component("triggerer", [airflow, "triggerer"], aenv),
+        Component("triggerer", [airflow, "triggerer", "--skip-serve-logs"], aenv),
         Component("generator", [py, str(REPO_ROOT / "spark_apps" / "generate_events.py"),
                                 "--follow", "--keys", str(s.generator_keys), "--zipf", "1.0",
                                 "--events-per-batch", str(s.events_per_second * batch_seconds),

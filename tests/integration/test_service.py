@@ -148,6 +148,40 @@ def test_anonymous_requests_to_the_rebalance_view_are_refused(service):
     assert _status(base + "/rebalance/api/plans", forged)[0] in (401, 403)
 
 
+def _listening(pids: set[int]) -> list[tuple[int, str]]:
+    """(pid, local address) of every TCP socket in LISTEN state held by ``pids``."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:
+            continue
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                out.append((inodes[fields[9]], fields[1]))
+    return out
+
+
+def test_every_process_of_the_service_listens_on_loopback_only(service):
+    from rebalance.service import _children
+
+    pids = set()
+    for rec in service.records().values():
+        pids |= {rec.pid, *_children(rec.pid)}
+    loopback = ("0100007F:", "00000000000000000000000001000000:",
+                "0000000000000000FFFF00000100007F:")
+    sockets = _listening(pids)
+    assert sockets, "no listening socket found: the check would prove nothing"
+    exposed = [(pid, addr) for pid, addr in sockets if not addr.startswith(loopback)]
+    assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
+
+
 def test_the_scheduler_applies_and_verifies_a_plan_on_its_own(service, api):
     """No trigger: the real scheduler runs the DAG every two minutes on the live stream."""
     def verified():

@@ -118,6 +118,9 @@ def test_the_service_listens_on_loopback_and_runs_the_control_plane_on_spark_con
     assert "spark.connect.grpc.binding.address=127.0.0.1" in connect
     assert "spark.connect.grpc.binding.port=18002" in connect
     assert "--host 127.0.0.1 --port 18080" in " ".join(parts["api-server"].argv)
+    # Airflow's log servers would listen on 0.0.0.0: not started (logs are local files).
+    assert "--skip-serve-logs" in parts["scheduler"].argv
+    assert "--skip-serve-logs" in parts["triggerer"].argv
     # The job is a local Spark app of its own, not a client of the control plane's server.
     assert "REBALANCE_SPARK_REMOTE" not in parts["job"].env
     assert parts["generator"].env["REBALANCE_SPARK_REMOTE"] == "sc://127.0.0.1:18002"
