@@ -18,11 +18,14 @@ Reported per restart, then per K the median and the worst (first restart include
   to the new generation's first (commit files of both checkpoints);
 * **request to acknowledgement** (from the request row to the job's
   acknowledgement), apart from the pause;
-* its parts, seconds between the job's recorded steps: **warm-up** (what the job
-  does before it stops the old generation, while that one still runs, when it records
-  it), **stop wait** (to the old generation stopped at a boundary), **state** (to the
-  migrated state written), **start** (to the new query started, when the job records
-  it) and **first commit** (to the new generation's first committed batch).
+* its parts, seconds between the job's timing marks: **warm-up** (what the job does
+  before it stops the old generation, while that one still runs: building the new
+  query), **stop wait** (to the old generation stopped at a boundary; a restart that
+  keeps the checkpoint counts here its ``started`` commit and the old generation's
+  last batch, which exports the moved keys' state while committing its output),
+  **state** (to the migrated state written; none when the state moves inside the
+  stream), **start** (to the new query started) and **first commit** (to the new
+  generation's first committed batch).
 
 Figures are wall-clock on whatever else the machine runs (the load average is printed).
 """
@@ -90,7 +93,7 @@ def _parts(since: dict[str, float]) -> dict[str, float | None]:
     def gap(a: str, b: str) -> float | None:
         return round(since[b] - since[a], 3) if a in since and b in since else None
 
-    started = "started" if "started" in since else None
+    started = "running" if "running" in since else None
     warmed = "warmed" if "warmed" in since else "requested"
     return {"warm_up": gap("requested", "warmed"),
             "stop_wait": gap(warmed, "stopped"),

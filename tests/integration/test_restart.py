@@ -4,16 +4,17 @@ One scenario runs once for the module, while a feeder thread keeps appending
 generator batches to ``events``:
 
 1. generation 0 (N = 3) runs; plan 1 moves 20 % of the keys (same N: the new generation
-   keeps the checkpoint and the moved keys' state is handed over inside the stream);
+   keeps the checkpoint; the old one's last batch gives the moved keys' state away, the
+   new one's first batch takes it over, inside the stream);
 2. plan 2 scales out to N = 4 and moves keys (a new checkpoint seeded with the state);
 3. plan 3 scales in to N = 2;
 
-   each restart "crashes" at one step (plan 1 right after the stop, plan 2 while it
-   writes the migrated state, plan 3 after the new generation started, before the
-   acknowledgement): the driver's queries are killed mid-flight and a new driver
-   recovers the restart from the ``restarts`` table;
-4. a fourth request fails while it starts and is rolled back: N = 2 stays in force,
-   and its version (the latest, published for the restart) is not followed live;
+   each restart "crashes" at one step (plan 1 right after the old generation stopped
+   past its export, plan 2 while it writes the migrated state, plan 3 after the new
+   generation started, before the acknowledgement): the driver's queries are killed
+   mid-flight and a new driver recovers the restart from the ``restarts`` table;
+4. a fourth request (same N) fails while it prepares and is rolled back: N = 2 stays in
+   force, and its version (the latest, published for the restart) is not followed live;
 5. a live switch (a version published for broadcast, same N) is used by the running
    generation from its next micro-batch, without a restart;
 6. a last restart (same N) migrates from the routing in force, the live switch's,
@@ -173,16 +174,16 @@ def _perkey(spark, checkpoint, batch=None):
     return {r.key: (r.label, r.value) for r in rows}
 
 
-def _handed_over(spark, path):
-    """Handoff rows of an in-place restart: key -> (label, state as JSON) of its ``in`` row,
-    key -> label of its ``out`` row."""
-    rows = spark.read.parquet(path)
-    ins = {r.key: (r.label, r.value) for r in rows.where("handoff = 'in'").selectExpr(
+def _handed_over(spark, checkpoint):
+    """State handed over inside the stream of a checkpoint: key -> (label, state as JSON)
+    of its ``in`` rows (written by the old generation's sink in its export batch)."""
+    from rebalance.streaming.restart_state import handoff_table
+
+    rows = spark.read.format("delta").load(handoff_table(checkpoint))
+    return {r.key: (r.label, r.value) for r in rows.where("handoff = 'in'").selectExpr(
         "label", "key", "to_json(named_struct('key_group', key_group, 'default_instance', "
         "default_instance, 'version', state_version, 'windows', windows, 'counts', counts, "
         "'sums', sums, 'costs', costs)) AS value").collect()}
-    outs = {r.key: r.label for r in rows.where("handoff = 'out'").collect()}
-    return ins, outs
 
 
 @pytest.fixture(scope="module")
@@ -217,22 +218,29 @@ def scenario(spark, tmp_path_factory) -> Scenario:
         job = _crash_and_recover(job, "stop", spark, config)   # crash right after the stop
         generations.append(job.generation)
         plans.append(p1)
-        # Same N: the checkpoint stays; exactly the moved keys' state is handed over, with
-        # its values unchanged, from the label holding it to its new label; unmoved keys
-        # are not touched (their state stays where it is).
+        # Same N: the checkpoint stays. The old generation's last batch (e) gave away the
+        # state of exactly the keys its labels held for another instance under plan 1,
+        # values unchanged, to their new labels; unmoved keys were not touched.
         new = job.generation
-        assert new.in_place and new.checkpoint == before.checkpoint and new.start_batch > 0
-        old_state = _perkey(spark, before.checkpoint, new.start_batch - 1)
-        ins, outs = _handed_over(spark, job.handoff_path(new.number))
+        assert new.in_place and new.checkpoint == before.checkpoint and new.start_batch > 1
+        e = new.start_batch - 1
+        before_export = _perkey(spark, before.checkpoint, e - 1)
+        after_export = _perkey(spark, before.checkpoint, e)
+        touched = {r.key for r in tables.read(spark, tables.RESULTS, root)
+                   .where(f"batch_id = {new.batch_offset + e}").select("key").collect()}
+        ins = _handed_over(spark, new.checkpoint)
         labels = instance_labels(3)
-        target = {k: labels[i] for k, i in
-                  zip(old_state, _instance(list(old_state), p1["routing"], 3))}
-        moved = {k for k, (label, _) in old_state.items() if target[k] != label}
-        assert moved and set(ins) == set(outs) == moved
-        assert all(outs[k] == old_state[k][0] and ins[k] == (target[k], old_state[k][1])
-                   for k in moved)
-        unmoved = [k for k in old_state if k not in moved]
-        unmoved_equal = not set(unmoved) & (set(ins) | set(outs))
+        target = lambda keys: dict(zip(keys, (labels[i] for i in _instance(  # noqa: E731
+            list(keys), p1["routing"], 3))))
+        want = target(set(before_export) | set(ins) | set(after_export))
+        moved = {k for k, (label, _) in before_export.items() if want[k] != label}
+        assert moved and moved <= set(ins) <= moved | touched
+        assert all(ins[k] == (want[k], before_export[k][1]) for k in moved - touched)
+        assert all(label == want[k] for k, (label, _) in after_export.items())
+        # (Their values may change in batch e as in any batch: events, closed windows.)
+        unmoved = [k for k in before_export if k not in moved]
+        unmoved_equal = (not set(unmoved) & set(ins)) and all(
+            after_export[k][0] == before_export[k][0] for k in unmoved if k in after_export)
         _wait_commits(job)
 
         # Plan 2: scale out to N = 4, crash while writing the migrated state.
@@ -254,7 +262,7 @@ def scenario(spark, tmp_path_factory) -> Scenario:
         # A restart that fails while starting is rolled back: plan 3 stays in force.
         p4 = _plan(spark, root, keys, 2, (p3["routing"], 2))
         failed_id = request_restart(spark, p4["version"], 2, job=config.name, root=root)
-        job.fail.add("stop")
+        job.fail.add("prepare")
         job.poll()
         failed = job.control.status(failed_id)
         generations.append(job.generation)
@@ -273,8 +281,8 @@ def scenario(spark, tmp_path_factory) -> Scenario:
                                            root=root)
         job.poll()
         final["status"] = job.control.status(final["request"])
-        final["stopped"] = next(s for s in job.control.steps(final["request"])
-                                if s.step == "stopped").detail
+        final["started"] = next(s for s in job.control.steps(final["request"])
+                                if s.step == "started").detail
         generations.append(job.generation)
         final["first_batch"] = job.generation.batch_offset + job.generation.start_batch
         _wait_commits(job)
@@ -306,11 +314,14 @@ def scenario(spark, tmp_path_factory) -> Scenario:
 
 def test_three_plans_each_move_at_least_ten_percent_and_are_acknowledged(scenario):
     assert len(scenario.plans) >= 3
-    for plan, status in zip(scenario.plans, scenario.statuses):
+    before_n = [3] + [p["n"] for p in scenario.plans[:-1]]
+    for plan, status, n in zip(scenario.plans, scenario.statuses, before_n):
         assert plan["moved"] >= 0.10, plan
         assert status["state"] == "acknowledged", status
-        assert status["steps"] == ["requested", "stopped", "state_written", "started",
-                                   "acknowledged"], status
+        same_n = plan["n"] == n       # same N: the checkpoint stays, no stop before started
+        assert status["steps"] == (["requested", "started", "acknowledged"] if same_n else
+                                   ["requested", "stopped", "state_written", "started",
+                                    "acknowledged"]), status
     numbers = [g.number for g in scenario.generations]
     assert numbers == [0, 1, 2, 3, 3, 4]
     assert [g.n_instances for g in scenario.generations] == [3, 3, 4, 2, 2, 2]
@@ -373,7 +384,8 @@ def test_a_crash_at_every_step_is_recovered_and_steps_are_written_once(scenario)
 
 
 def test_a_failed_restart_is_rolled_back_and_the_previous_assignment_stays(scenario):
-    assert scenario.failed["steps"] == ["requested", "stopped", "failed", "rolled_back"]
+    # Same N: it failed before the old generation gave anything away.
+    assert scenario.failed["steps"] == ["requested", "failed", "rolled_back"]
     assert "injected failure" in scenario.failed["error"]
     assert scenario.generations[4] == scenario.generations[3]    # the one in force goes on
     # The rolled-back version stays out even though it was the latest: the generation kept
@@ -469,9 +481,8 @@ def test_dag_restart_mode_rolls_back_when_the_restart_fails(dag, data, spark):
 def test_a_restart_after_a_live_switch_migrates_from_the_routing_in_force(scenario):
     final = scenario.final
     assert final["status"]["ok"], final["status"]
-    assert final["status"]["steps"] == ["requested", "stopped", "state_written", "started",
-                                        "acknowledged"]
-    assert final["stopped"]["from_version"] == scenario.live["version"]
+    assert final["status"]["steps"] == ["requested", "started", "acknowledged"]
+    assert final["started"]["from_version"] == scenario.live["version"]
     assert final["status"]["pause_seconds"] is not None
     # Every key's state is held once, by the label of its instance under the last plan:
     # the state the live switch split was merged, nothing was left behind.

@@ -154,3 +154,19 @@ def test_a_generation_does_not_follow_versions_for_a_restart_or_another_n():
     assert guard.followable(2) and guard.followable(7)
     assert not guard.followable(1)                             # older than the one in force
     assert not any(guard.followable(v) for v in (5, 6, 8))
+
+
+def test_the_batch_that_took_the_export_is_found_by_the_handoff_offset(tmp_path):
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    handoff = [None, (0, -1), (0, -1), (3, -1), (3, 0), (4, -1)]  # per batch; export: version 3
+    for b, offset in enumerate(handoff):
+        second = "-" if offset is None else json.dumps(
+            {"reservoirVersion": offset[0], "index": offset[1], "isStartingVersion": False})
+        (tmp_path / "offsets" / str(b)).write_text(
+            f'v1\n{{}}\n{{"reservoirVersion":1,"index":0}}\n{second}\n')
+        if b < 5:
+            (tmp_path / "commits" / str(b)).write_text("v1\n{}\n")
+    assert restart_checkpoint.covering_batch(str(tmp_path), 3) == 4
+    assert restart_checkpoint.covering_batch(str(tmp_path), 2) == 3   # (3, -1): 2 is done
+    assert restart_checkpoint.covering_batch(str(tmp_path), 4) is None  # batch 5: uncommitted

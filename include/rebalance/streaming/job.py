@@ -263,7 +263,7 @@ class KeyedOutputWriter(IdempotentSink):
         try:
             versions = {row.kind: row.version for row in batch.groupBy("kind").agg(
                 F.max("assignment_version").alias("version")).collect()}
-            self.before_write(batch_id, versions)
+            self.before_write(batch, batch_id, versions)
             present = set(versions)
             global_id = self.batch_offset + batch_id
             writes = [(batch.where(F.col("kind") == kind).select(projection(global_id)), table)
@@ -271,15 +271,17 @@ class KeyedOutputWriter(IdempotentSink):
             if writes:
                 with ThreadPoolExecutor(max_workers=len(writes)) as pool:
                     list(pool.map(lambda w: self.append(w[0], w[1], batch_id), writes))
-            self.after_write(batch_id, versions)
+            self.after_write(batch, batch_id, versions)
         finally:
             batch.unpersist()
 
-    def before_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+    def before_write(self, batch: DataFrame, batch_id: int,
+                     versions: dict[str, int | None]) -> None:
         """Hook before anything of the batch is written (``versions``: output kind -> the
         largest assignment version its rows record); raising refuses the batch."""
 
-    def after_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+    def after_write(self, batch: DataFrame, batch_id: int,
+                    versions: dict[str, int | None]) -> None:
         """Hook after every output of the batch was written (before Spark commits it)."""
 
 

@@ -60,11 +60,21 @@ OUTPUT_COLUMNS: dict[str, str] = {
     "sliding_count": "Int64", "sliding_sum": "float64", "cost": "float64",
     "state_bytes": "Int64", "load": "float64", "task_ms": "float64", "cpu_ms": "float64",
     "keys": "Int64",
+    # A key's state handed over by a restart (kind HANDOFF), for its new label.
+    "label": "Int32", "state_version": "Int64", "merge": "boolean", "windows": "object",
+    "counts": "object", "sums": "object", "costs": "object",
 }
-_SPARK_TYPES = {"object": "STRING", "Int64": "BIGINT", "Int32": "INT", "float64": "DOUBLE"}
-OUTPUT_DDL = ", ".join(f"{name} {_SPARK_TYPES[dtype]}" for name, dtype in OUTPUT_COLUMNS.items())
+_SPARK_TYPES = {"object": "STRING", "Int64": "BIGINT", "Int32": "INT", "float64": "DOUBLE",
+                "boolean": "BOOLEAN"}
+_ARRAY_TYPES = {"windows": "ARRAY<BIGINT>", "counts": "ARRAY<BIGINT>", "sums": "ARRAY<DOUBLE>",
+                "costs": "ARRAY<DOUBLE>"}
+OUTPUT_DDL = ", ".join(f"{name} {_ARRAY_TYPES.get(name) or _SPARK_TYPES[dtype]}"
+                       for name, dtype in OUTPUT_COLUMNS.items())
 
 RESULT, KEY_HISTOGRAM, INSTANCE_HISTOGRAM = "result", "key_histogram", "instance_histogram"
+#: Output of a restart's export (see :data:`HANDOFF_COLUMNS_DDL`): a key's state for its new
+#: label, and one row per label that processed the export.
+HANDOFF, EXPORTED = "handoff", "exported"
 
 #: Rows that seed the operator's state in the first batch of a new checkpoint (a restart
 #: generation, :mod:`rebalance.streaming.restart`): ``kind`` ``perkey`` (a key's
@@ -76,17 +86,21 @@ INITIAL_STATE_DDL = (
     "window_start_ms BIGINT, events BIGINT, load DOUBLE, task_ns BIGINT, cpu_ns BIGINT")
 PERKEY, PERWINDOW = "perkey", "perwindow"
 
-#: State handed over inside the stream (a controlled restart that keeps its checkpoint,
-#: :mod:`rebalance.streaming.restart_state`): rows of the operator's input with
-#: ``handoff`` set, applied before the batch's events. ``out``: the label drops the
-#: key's state (the row carries it) and its events and load from its open windows;
-#: ``in``: the label takes the key's state (merged with what it holds when ``merge``:
-#: the key was split by a live switch) and adds its events and load to its open
-#: windows. Event rows have these columns NULL.
+#: State handed over inside the stream by a controlled restart that keeps its checkpoint
+#: (:mod:`rebalance.streaming.restart_state`): rows of the operator's input with
+#: ``handoff`` set. ``export`` (one per label, in the old generation's last batch, after
+#: its events): the label gives away every key whose instance under ``routing_keys`` /
+#: ``routing_instances`` (else the key's default instance) is another one, with its
+#: events and load in the open windows, as :data:`HANDOFF` output rows (``merge``: the
+#: checkpoint followed a live switch since, a key may be split). ``in`` (the new
+#: generation's first batch, before its events): the label takes the key's state,
+#: merged with what it holds when ``merge`` (or the key comes twice), and adds its
+#: events and load to its open windows. Event rows have these columns NULL.
 HANDOFF_COLUMNS_DDL = ("handoff STRING, merge BOOLEAN, state_version BIGINT, "
                        "windows ARRAY<BIGINT>, counts ARRAY<BIGINT>, sums ARRAY<DOUBLE>, "
-                       "costs ARRAY<DOUBLE>")
-HANDOFF_OUT, HANDOFF_IN = "out", "in"
+                       "costs ARRAY<DOUBLE>, routing_keys ARRAY<STRING>, "
+                       "routing_instances ARRAY<INT>")
+HANDOFF_EXPORT, HANDOFF_IN = "export", "in"
 
 
 def state_bytes(key: str, n_windows: int) -> int:
@@ -196,8 +210,13 @@ def burn_cpu(seconds: float) -> None:
 
 def output_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Rows as a frame with exactly :data:`OUTPUT_COLUMNS` (absent values NULL)."""
-    frame = pd.DataFrame.from_records(rows, columns=list(OUTPUT_COLUMNS))
-    return frame.astype(OUTPUT_COLUMNS)
+    frame = pd.DataFrame.from_records(rows, columns=list(OUTPUT_COLUMNS)).astype(OUTPUT_COLUMNS)
+    arrays = list(_ARRAY_TYPES)
+    if any(kind == HANDOFF for kind in frame["kind"]):
+        frame[arrays] = frame[arrays].astype(object).where(frame[arrays].notna(), None)
+    else:
+        frame[arrays] = None        # absent, not NaN: Arrow converts None to a NULL array
+    return frame
 
 
 def _partition_id() -> int:
@@ -226,16 +245,21 @@ class KeyedWindowProcessor(StatefulProcessor):
         instance = self.instance_of[int(key[0])]
         frame = pd.concat(list(rows), ignore_index=True)
         watermark = timerValues.getCurrentWatermarkInMs()
+        exports = None
         if "handoff" in frame.columns:
             handoff = frame["handoff"].notna()
             if handoff.any():
-                self._apply_handoff(frame[handoff], watermark)
+                rows = frame[handoff]
+                self._take_over(rows[rows["handoff"] == HANDOFF_IN], watermark)
+                exports = rows[rows["handoff"] == HANDOFF_EXPORT]
                 frame = frame[~handoff]
         if self.settings.work_us_per_cost:
             burn_cpu(float(frame["cost"].sum()) * self.settings.work_us_per_cost / 1e6)
         results = self._update_keys(frame, instance)
         self._update_windows(frame, time.perf_counter_ns() - started,
                              time.thread_time_ns() - cpu_started)
+        if exports is not None and len(exports):
+            results += self._give_away(exports.iloc[0], instance, watermark)
         yield output_frame(results)
         yield from self._close_windows(instance, watermark)
 
@@ -265,32 +289,44 @@ class KeyedWindowProcessor(StatefulProcessor):
 
     # ------------------------------------------------------------------ handoff
 
-    def _apply_handoff(self, rows: pd.DataFrame, watermark: int) -> None:
-        """Hand keys' state over (:data:`HANDOFF_COLUMNS_DDL`): one state call per key
-        (``out``: remove; ``in``: put, or merge with what the label holds when ``merge``),
-        and one read and write per open window for the events and load that moved."""
-        window_ms = self.settings.window_ms
-        moved: dict[int, list] = {}          # open window -> [events, load, version] change
+    def _give_away(self, marker: Any, instance: int, watermark: int) -> list[dict[str, Any]]:
+        """Export every key this label holds that the marker's routing places elsewhere."""
+        routing = dict(zip(marker["routing_keys"], (int(i) for i in marker["routing_instances"])))
+        version, merge = int(marker["assignment_version"]), bool(marker["merge"])
+        labels = instance_labels(self.settings.n_instances)
+        partition = _partition_id()
+        out: list[dict[str, Any]] = []
+        moved: dict[int, list] = {}
+        for (key,), value in list(self.perkey.iterator()):
+            state = KeyWindows.from_state(value, 0, 0, 0)
+            target = routing.get(key, state.default_instance)
+            if target == instance:
+                continue
+            self.perkey.removeKey((key,))
+            self._shift(moved, state, -1, 0, watermark)
+            out.append({"kind": HANDOFF, "key": key, "instance": target,
+                        "label": labels[target], "partition_id": partition,
+                        "key_group": state.key_group, "default_instance": state.default_instance,
+                        "assignment_version": version, "state_version": state.version,
+                        "merge": merge, "windows": state.windows, "counts": state.counts,
+                        "sums": state.sums, "costs": state.costs})
+        self._apply_shift(moved)
+        return out + [{"kind": EXPORTED, "instance": instance, "partition_id": partition,
+                       "keys": len(out), "assignment_version": version}]
 
-        def shift(row, sign: int, version: int) -> None:
-            for w, count, cost in zip(row.windows, row.counts, row.costs):
-                if int(w) + window_ms > watermark:
-                    change = moved.setdefault(int(w), [0, 0.0, 0])
-                    change[0] += sign * int(count)
-                    change[1] += sign * float(cost)
-                    change[2] = max(change[2], version)
-
-        for row in rows[rows["handoff"] == HANDOFF_OUT].itertuples(index=False):
-            self.perkey.removeKey((row.key,))
-            shift(row, -1, 0)
-        incoming = rows[rows["handoff"] == HANDOFF_IN]
-        repeated = (incoming["key"].duplicated(keep=False).to_numpy()
-                    | incoming["merge"].eq(True).to_numpy())
-        for row, merge in zip(incoming.itertuples(index=False), repeated):
+    def _take_over(self, rows: pd.DataFrame, watermark: int) -> None:
+        """Take the state handed over to this label (``in`` rows)."""
+        if not len(rows):
+            return
+        moved: dict[int, list] = {}
+        repeated = (rows["key"].duplicated(keep=False).to_numpy()
+                    | rows["merge"].eq(True).to_numpy())
+        for row, merge in zip(rows.itertuples(index=False), repeated):
             state = KeyWindows(int(row.key_group), int(row.default_instance),
                                int(row.state_version), [int(v) for v in row.windows],
                                [int(v) for v in row.counts], [float(v) for v in row.sums],
                                [float(v) for v in row.costs])
+            self._shift(moved, state, 1, int(row.assignment_version), watermark)
             held = self.perkey.getValue((row.key,)) if merge else None
             if held is not None:     # the key also has state here (split by a live switch)
                 mine = KeyWindows.from_state(held, 0, 0, 0)
@@ -299,13 +335,26 @@ class KeyedWindowProcessor(StatefulProcessor):
                     mine.add(w, c, t, k)
                 state = mine
             self.perkey.updateValue((row.key,), state.to_state())
-            shift(row, 1, int(row.assignment_version))
+        self._apply_shift(moved)
+
+    def _shift(self, moved: dict[int, list], state: KeyWindows, sign: int, version: int,
+               watermark: int) -> None:
+        """Add (``sign`` 1) or remove (-1) a key's events and load in the open windows."""
+        for w, count, cost in zip(state.windows, state.counts, state.costs):
+            if w + self.settings.window_ms > watermark:
+                change = moved.setdefault(int(w), [0, 0.0, 0])
+                change[0] += sign * int(count)
+                change[1] += sign * float(cost)
+                change[2] = max(change[2], version)
+
+    def _apply_shift(self, moved: dict[int, list]) -> None:
+        """One read and write per open window whose events and load moved."""
         for w, (events, load, version) in sorted(moved.items()):
             old = self.perwindow.getValue((w,))
             if old is None:
                 if events <= 0:
                     continue
-                self.handle.registerTimer(w + window_ms)
+                self.handle.registerTimer(w + self.settings.window_ms)
                 old = (0, 0.0, 0, 0, 0)
             total = int(old[0]) + events
             if total > 0:

@@ -17,36 +17,32 @@ A restart to a new assignment version (or a new N: scale out or in) is requested
 a ``requested`` row in the Delta table ``restarts`` (:func:`request_restart`, what
 the DAG calls); :class:`RestartableJob` (the running job's driver) then
 
-0. **warms up** while the old generation still runs: reads what the new query's
-   start needs and runs the state read once on a sliver of the state;
-1. **stops** the running generation at a micro-batch boundary: a gate in the
-   ``foreachBatch`` sink lets the batch in flight finish and commit and refuses
-   the next one before it writes anything, then the query is stopped and a batch
-   it planned but never wrote is forgotten; the last committed batch, its source
-   offset, next watermark and the version in force are read from the checkpoint
-   and the routing log (``stopped``);
-2. **migrates the state** (:mod:`.restart_state`). Same N: only the entries held by
-   another label than their key's under the new version (moved keys, keys split
-   by a live switch) are read out, in Spark, as handoff rows (``out`` for the label
-   holding one, ``in`` with its state for the new label), staged as Parquet.
-   Another N: the whole state is read back (``perkey`` and ``perwindow``), every
-   key re-keyed to the label of its instance under the target assignment and N
-   (values copied unchanged), open windows get their instance's totals and a
-   timer, staged as Parquet next to the new checkpoint (``state_written`` and
-   ``started``, one commit);
-3. **starts** the new generation. Same N: the staged rows are appended to the
-   checkpoint's handoff table (a second stream of every generation's query,
-   unioned into the operator's input) and the same checkpoint resumes with the
-   new routing: its first batch hands the moved state over before its events,
-   every other key keeps its state in place, source offsets and watermark go on.
-   Another N: a new checkpoint with that state as the operator's
-   ``initialState`` (applied in its batch 0 only) and a Delta source that starts
-   exactly after the old generation's last committed offset (``startingVersion``
-   of the version holding that offset, minus the files of that version already
-   processed, by ``input_file_name()``; events older than the old watermark are
-   dropped, as the old generation would have);
-4. **acknowledges** once the new generation committed its first batch
-   (``acknowledged``, with the pause).
+* **same N** (a plan): the checkpoint stays. While the old generation runs on, the
+  job builds the new query and records ``started``; it appends one ``export`` row per
+  label to the checkpoint's handoff table (a second stream of every generation's
+  query, unioned into the operator's input); the old generation's next batch gives
+  away, after its events, every key a label holds that the new routing places
+  elsewhere, and its sink writes that state to the handoff table as ``in`` rows and
+  refuses any later batch; the query stops there and the same checkpoint resumes with
+  the new routing: its first batch takes the state over before its events. Unmoved
+  keys never leave their label; offsets and watermark go on;
+* **another N** (scale out or in, or ``full_restart``): the job **stops** the running
+  generation at a micro-batch boundary (a gate in the ``foreachBatch`` sink lets the
+  batch in flight commit and refuses the next one before it writes anything; the
+  last committed batch, its source offset, next watermark and the version in force
+  come from the checkpoint and the routing log: ``stopped``), **migrates the state**
+  (the whole state read back with the ``statestore`` reader, every key re-keyed to
+  the label of its instance under the target assignment and N, values copied
+  unchanged, open windows given their instance's totals and a timer, staged as
+  Parquet: ``state_written`` and ``started``, one commit) and **starts** the new
+  generation on a new checkpoint with that state as ``initialState`` (its batch 0
+  only) and a Delta source that starts exactly after the old offset
+  (``startingVersion`` of the version holding it, minus the files of that version
+  already processed, by ``input_file_name()``; events older than the old watermark
+  are dropped, as the old generation would have);
+
+and **acknowledges** once the new generation committed its first batch
+(``acknowledged``, with the pause).
 
 Every step is one row written with a Delta transaction (request id, step order),
 so writing it again is a no-op, and each step is re-runnable: a crash at any
@@ -78,29 +74,27 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from ..spark import tables
-from .job import JobConfig, keyed_stream
+from .job import JobConfig
 from .restart_checkpoint import (
-    Position, checkpoint_position, drop_uncommitted, in_force_version, log_ids, routing_log,
-    source_after, version_files)
+    Position, checkpoint_position, covering_batch, drop_uncommitted, in_force_version, log_ids,
+    routing_log, source_after, version_files)
 from .restart_control import (
     BOOTSTRAP, STEPS, TERMINAL, Generation, RestartControl, RestartError, SimulatedCrash, Step,
     request_restart)
 from .restart_sink import (
-    BoundaryGate, GatedWriter, HeldForRestart, StoppedAtBoundary, VersionGuard, blocks)
-from .restart_state import (
-    append_handoff, ensure_handoff_table, handoff_rows, migrate_state, read_state, write_state)
-from .routing import follow_assignment_rows
+    BoundaryGate, GatedWriter, HeldForRestart, StoppedAtBoundary, VersionGuard, blocks,
+    follow_routing)
+from .restart_query import Background, generation_query
+from .restart_state import append_export, migrate_state, read_state, write_state
 
 __all__ = [
     "BOOTSTRAP", "STEPS", "TERMINAL", "BoundaryGate", "GatedWriter", "Generation",
@@ -115,33 +109,15 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------- the job driver
 
-class Background(threading.Thread):
-    """Runs one call in a thread; :meth:`join` re-raises its error."""
-
-    def __init__(self, call) -> None:
-        super().__init__(daemon=True)
-        self.call, self.error = call, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.call()
-        except BaseException as exc:  # noqa: BLE001 - re-raised by join()
-            self.error = exc
-
-    def join(self, timeout: float | None = None) -> None:
-        super().join(timeout)
-        if self.error is not None:
-            raise self.error
-
-
 @dataclass
 class RestartableJob:
     """The keyed query run as generations, restarted with state migration on request.
 
-    ``faults`` names steps (``stop``, ``state``, ``start``) where a
-    :class:`SimulatedCrash` is raised, to test recovery; ``fail`` names steps
-    where a :class:`RestartError` is raised (a failed restart, rolled back).
+    ``faults`` names steps (``prepare``: same N, before ``started``; ``stop``: after the
+    old generation stopped; ``state``: another N, after the state was written;
+    ``start``: after the new query started) where a :class:`SimulatedCrash` is raised,
+    to test recovery; ``fail`` names steps where a :class:`RestartError` is raised (a
+    failed restart: rolled back before ``started``).
     """
 
     spark: SparkSession
@@ -162,6 +138,7 @@ class RestartableJob:
     last_commit_at: float | None = field(default=None, init=False)
     _tables_ready: bool = field(default=False, init=False, repr=False)
     _hint: tuple | None = field(default=None, init=False, repr=False)
+    _prepared: tuple | None = field(default=None, init=False, repr=False)
     _held_at: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,9 +150,6 @@ class RestartableJob:
 
     def state_path(self, number: int) -> str:
         return self.config.checkpoint(f"state-g{number}")
-
-    def handoff_path(self, number: int) -> str:
-        return self.config.checkpoint(f"handoff-g{number}")
 
     # ---------------------------------------------------------------- life cycle
     def start(self) -> Generation:
@@ -268,39 +242,14 @@ class RestartableJob:
         cancelled = self.control.status(request_id)["cancelled"] if "cancelled" in steps else False
         if "started" in steps and not cancelled:   # past the point of no return: finish it
             return self._finish(request_id, Generation(**steps["started"].detail["generation"]))
+        timing = {"requested": time.perf_counter()}
         try:
             if cancelled:
                 raise RestartError("cancelled before the new generation started")
-            timing = {"requested": time.perf_counter()}
-            recording = None
-            if "stopped" not in steps:
-                self._warm_up(old, requested)
-                timing["warmed"] = time.perf_counter()
-                new = self._stop_old(old, requested)
-                timing["stopped"] = time.perf_counter()
-                # Recorded while the state is written (a crash before the record only
-                # repeats the stop, which finds the checkpoint as it left it).
-                recording = Background(lambda: self.control.record(
-                    request_id, "stopped", new, from_generation=old.number,
-                    from_version=self.from_version))
+            if "stopped" not in steps and self._in_place(old, requested):
+                new = self._start_in_place(request_id, old, requested, timing)
             else:
-                new = Generation(**steps["stopped"].detail["generation"])
-                self._ensure_stopped()
-                timing["stopped"] = time.perf_counter()
-            try:
-                moved = self._write_state(old, new) if "state_written" not in steps else None
-            finally:
-                if recording is not None:
-                    recording.join()
-            self._maybe_fault("stop")
-            timing["state_written"] = time.perf_counter()
-            if moved is not None:
-                self._maybe_fault("state")
-                # One commit: the state is written, the new generation starts.
-                self.control.record_steps(request_id, [("state_written", new, moved),
-                                                       ("started", new, {})])
-            else:
-                self.control.record(request_id, "started", new)
+                new = self._start_new_checkpoint(request_id, old, requested, steps, timing)
             if self.control.status(request_id)["cancelled"]:
                 raise RestartError("cancelled before the new generation started")
         except SimulatedCrash:
@@ -310,37 +259,85 @@ class RestartableJob:
         self.timings.append(timing)
         return self._finish(request_id, new, timing)
 
-    def _warm_up(self, old: Generation, requested: Step) -> None:
-        """While the old generation still runs: read what the new generation's start needs
-        (restart steps, the assignments' history) and run the state read and re-keying
-        once on a sliver of its last committed batch (loads and compiles the code paths
-        the pause needs: state reader, routing join, Parquet writer) without holding the
-        old generation's task slots for long. Best effort."""
-        if self.query is None or int(requested.n_instances) != old.n_instances:
-            return
+    def _in_place(self, old: Generation, requested: Step) -> bool:
+        """Whether the restart keeps the checkpoint: same N, a running query (or one that
+        committed batches), and not ``full_restart``."""
+        return (int(requested.n_instances) == old.n_instances and not self.full_restart
+                and checkpoint_position(old.checkpoint).last_batch is not None)
+
+    def _start_in_place(self, request_id: str, old: Generation, requested: Step,
+                        timing: dict[str, float]) -> Generation:
+        """Same N: nothing stops yet. Build the new query while the old one runs, then
+        record ``started``: from here on the restart only goes forward (:meth:`_finish`
+        asks the old generation to export the moved keys' state in its next batch)."""
+        version = int(requested.assignment_version)
+        self._warm_up(old, version)
+        timing["warmed"] = time.perf_counter()
+        self._maybe_fault("prepare")
         last = checkpoint_position(old.checkpoint).last_batch
-        if last is None:
-            return
+        new = dataclasses.replace(old, number=old.number + 1, assignment_version=version,
+                                  start_batch=-1, in_place=True)
+        self.control.record(request_id, "started", new, from_generation=old.number,
+                            from_version=in_force_version(old, last))
+        return new
+
+    def _start_new_checkpoint(self, request_id: str, old: Generation, requested: Step,
+                              steps: dict[str, Step], timing: dict[str, float]) -> Generation:
+        """Another N: stop the old generation, write the re-keyed state for a new checkpoint,
+        record ``stopped``, ``state_written`` and ``started``."""
+        recording = None
+        if "stopped" not in steps:
+            new = self._stop_old(old, requested)
+            timing["stopped"] = time.perf_counter()
+            # Recorded while the state is written (a crash before the record only repeats
+            # the stop, which finds the checkpoint as it left it).
+            recording = Background(lambda: self.control.record(
+                request_id, "stopped", new, from_generation=old.number,
+                from_version=self.from_version))
+        else:
+            new = Generation(**steps["stopped"].detail["generation"])
+            self._ensure_stopped()
+            timing["stopped"] = time.perf_counter()
+        try:
+            written = "state_written" not in steps
+            if written:
+                self._write_state(old, new)
+        finally:
+            if recording is not None:
+                recording.join()
+        self._maybe_fault("stop")
+        timing["state_written"] = time.perf_counter()
+        if written:
+            self._maybe_fault("state")
+            # One commit: the state is written, the new generation starts.
+            self.control.record_steps(request_id, [("state_written", new, {}),
+                                                   ("started", new, {})])
+        else:
+            self.control.record(request_id, "started", new)
+        return new
+
+    def _warm_up(self, old: Generation, version: int) -> None:
+        """While the old generation still runs: read what the new generation's query needs
+        (restart steps, the assignments' history) and build it. Best effort."""
         try:
             guard = VersionGuard(self.spark, self.config.tables_root, old.n_instances, 0)
             guard.blocked_versions()
             self._hint = (self.control.steps(), guard.metadata)
-            rows = handoff_rows(self.spark, old.checkpoint, last,
-                                tables.assignment_rows(self.spark, self.config.tables_root,
-                                                       int(requested.assignment_version)),
-                                old.n_instances, int(requested.assignment_version))
-            rows.limit(1).write.mode("overwrite").parquet(self.config.checkpoint("warm-up"))
+            # It keeps the checkpoint; its routing log has no entry of it yet, whatever
+            # its first batch (hence a start_batch beyond any).
+            upcoming = dataclasses.replace(old, number=old.number + 1,
+                                           assignment_version=version, start_batch=2 ** 62,
+                                           in_place=True)
+            hint = self._hint
+            self._prepared = self._prepare(upcoming)
+            self._hint = hint      # _prepare used it; the rollback path may need it too
         except Exception as exc:  # noqa: BLE001 - a warm-up failure only costs time
             log.info("restart warm-up skipped: %s", exc)
 
     def _stop_old(self, old: Generation, requested: Step) -> Generation:
-        """Stop the old generation at a batch boundary; the new generation's definition.
-
-        Same N: the new generation continues the old checkpoint (``in_place``) from
-        the batch after the last committed one; the moved keys' state reaches their
-        new labels inside the stream. Another N: a new checkpoint, seeded with the
-        re-keyed state as ``initialState``, its source starting after the old offset.
-        """
+        """Stop the old generation at a batch boundary; the new generation (another N: a new
+        checkpoint, seeded with the re-keyed state as ``initialState``, its source
+        starting after the old offset)."""
         if self.query is not None:
             self._stop_at_boundary()
         else:
@@ -350,9 +347,6 @@ class RestartableJob:
         self.from_version = in_force_version(old, position.last_batch)
         number = old.number + 1
         version, n = int(requested.assignment_version), int(requested.n_instances)
-        if n == old.n_instances and position.last_batch is not None and not self.full_restart:
-            return dataclasses.replace(old, number=number, assignment_version=version,
-                                       start_batch=position.last_batch + 1, in_place=True)
         if position.last_batch is None:   # nothing committed: start where it started
             source, offset = dict(old.source), old.batch_offset
         else:
@@ -364,16 +358,8 @@ class RestartableJob:
         return Generation(number, version, n, self.checkpoint(number), offset, source,
                           self.state_path(number))
 
-    def _write_state(self, old: Generation, new: Generation) -> dict[str, Any]:
-        """Write what the new generation needs of the old state; return what was moved."""
-        routing_rows = tables.assignment_rows(self.spark, self.config.tables_root,
-                                              new.assignment_version)
-        if new.in_place:
-            rows = handoff_rows(self.spark, old.checkpoint, new.start_batch - 1, routing_rows,
-                                new.n_instances, new.assignment_version)
-            path = self.handoff_path(new.number)
-            rows.write.mode("overwrite").parquet(path)
-            return {"handoff": path}
+    def _write_state(self, old: Generation, new: Generation) -> None:
+        """Write the old state, re-keyed for the new assignment and N, as initial state."""
         position = checkpoint_position(old.checkpoint)
         state = read_state(self.spark, old, position.last_batch)
         routing = tables.read_assignment(self.spark, new.assignment_version,
@@ -381,17 +367,62 @@ class RestartableJob:
         migrated = migrate_state(state, old.n_instances, new.n_instances, routing,
                                  new.assignment_version)
         write_state(self.spark, migrated, new.state_path)
-        return {}
+
+    def _export(self, request_id: str, new: Generation) -> Generation:
+        """Same N, after ``started``: the old generation's next batch gives the moved keys'
+        state away (its sink writes it to the handoff table, then refuses the batch
+        after); stop it there. Returns the new generation with its first batch.
+
+        Re-runnable: the export rows are appended once, the batch that processed them is
+        found in the checkpoint, and the old generation is run again only if it has not
+        committed that batch (a crash before it)."""
+        old = self.control.live_generation()
+        routing = tables.read_assignment(self.spark, new.assignment_version,
+                                         self.config.tables_root).routing
+        last = checkpoint_position(new.checkpoint).last_batch
+        log_folder = routing_log(new.checkpoint)
+        switched = bool(log_folder.is_dir() and any(
+            old.start_batch <= b <= (last if last is not None else -1)
+            for b in log_ids(log_folder)))
+        marker = append_export(self.spark, new.checkpoint, routing, new.n_instances,
+                               new.assignment_version, switched, request_id)
+        exported = covering_batch(new.checkpoint, marker)
+        if exported is None:
+            if self.query is None or not self.query.isActive:
+                # A new driver, or a query that held at a version it must not follow
+                # (then it routes by the version in force again): it exports now.
+                self._ensure_stopped()
+                self._run(old)
+            deadline = time.monotonic() + self.ack_timeout_seconds
+            while self.writer.exported is None:
+                if self.query.exception() is not None:
+                    raise self.query.exception()
+                if time.monotonic() > deadline:
+                    raise RestartError(f"the old generation exported nothing in "
+                                       f"{self.ack_timeout_seconds} s")
+                time.sleep(0.02)
+            self._stop_at_boundary()
+            exported = covering_batch(new.checkpoint, marker)
+        else:
+            self._ensure_stopped()
+        if exported is None:
+            raise RestartError(f"no committed batch of {new.checkpoint} took the export")
+        # A batch the old generation planned after the export (and the sink refused) holds
+        # the handed-over state: the new generation replays it, routed by the new version.
+        return dataclasses.replace(new, start_batch=exported + 1)
 
     def _finish(self, request_id: str, new: Generation,
                 timing: dict[str, float] | None = None) -> dict[str, Any]:
         """Run the new generation until its first batch commits; acknowledge."""
         timing = timing if timing is not None else {}
-        self._ensure_stopped()
         if new.in_place:
-            append_handoff(self.spark, new.checkpoint, self.handoff_path(new.number), request_id)
+            new = self._export(request_id, new)
+            timing["stopped"] = time.perf_counter()
+            self._maybe_fault("stop")
+        self._ensure_stopped()
         self._run(new)
-        timing["started"] = time.perf_counter()
+        self._hint = None
+        timing["running"] = time.perf_counter()
         self._maybe_fault("start")
         first = self._await_first_commit(new)
         timing["acknowledged"] = time.perf_counter()
@@ -433,50 +464,24 @@ class RestartableJob:
     # ---------------------------------------------------------------- queries
     def _run(self, gen: Generation) -> StreamingQuery:
         """Start (or resume, from its checkpoint) a generation's keyed query."""
-        config = dataclasses.replace(self.config, n_instances=gen.n_instances)
-        root = config.tables_root
-        if not self._tables_ready:
-            tables.create_assignments(
-                self.spark, tables.assignments_n_instances(self.spark, root), root)
-            for table in (tables.RESULTS, tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS):
-                tables.ensure_table(self.spark, table, root)
-            self._tables_ready = True
-        reader = (self.spark.readStream.format("delta")
-                  .option("startingVersion", int(gen.source.get("starting_version", 0))))
-        if config.max_files_per_trigger:
-            reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
-        raw = reader.load(tables.EVENTS.path(root))
-        excluded = list(gen.source.get("exclude_files") or [])
-        if excluded:
-            # The Delta streaming source has no _metadata column; input_file_name() works.
-            file_name = F.element_at(F.split(F.input_file_name(), "/"), -1)
-            raw = raw.where(~file_name.isin(excluded))
-        raw = raw.select(*tables.EVENTS.columns)
-        min_ms = gen.source.get("min_event_ms")
-        if min_ms:
-            # Late for the old generation's watermark: dropped, as it would have dropped them.
-            parsed = F.unix_millis(F.trim(F.col("event_time")).try_cast("timestamp"))
-            raw = raw.where(parsed.isNull() | (parsed > F.lit(int(min_ms))))
-        handoff = self.spark.readStream.format("delta").load(
-            ensure_handoff_table(self.spark, gen.checkpoint))
-        initial = self.spark.read.parquet(gen.state_path) if gen.state_path else None
-        rows, guard = self._routing(gen)
+        prepared = self._prepared
+        if prepared is not None and prepared[0] == (gen.number, gen.assignment_version,
+                                                    gen.checkpoint):
+            self._prepared = None
+        else:
+            prepared = self._prepare(gen)
+        _, stream, sink = prepared
         position = checkpoint_position(gen.checkpoint)
         previous = self.spark.conf.get("spark.sql.shuffle.partitions")
         self.spark.conf.set("spark.sql.shuffle.partitions", str(gen.n_instances))
         try:
-            stream = keyed_stream(self.spark, raw, config, gen.assignment_version, initial,
-                                  assignment_rows=rows, handoff=handoff)
-            name = f"{config.name}-keyed"
-            self.writer = GatedWriter(self.spark, config, name, gen.batch_offset, guard=guard,
-                                      log_folder=routing_log(gen.checkpoint))
-            self._held_at = None
-            writer = (stream.writeStream.queryName(name).foreachBatch(self.writer)
+            self.writer, self._held_at = sink, None
+            writer = (stream.writeStream.queryName(sink.query_name).foreachBatch(sink)
                       .option("checkpointLocation", gen.checkpoint))
-            if config.trigger_seconds is None:
+            if self.config.trigger_seconds is None:
                 writer = writer.trigger(availableNow=True)
             else:
-                writer = writer.trigger(processingTime=f"{config.trigger_seconds} seconds")
+                writer = writer.trigger(processingTime=f"{self.config.trigger_seconds} seconds")
             self.query = writer.start()
         finally:
             self.spark.conf.set("spark.sql.shuffle.partitions", previous)
@@ -488,33 +493,32 @@ class RestartableJob:
                  gen.assignment_version, gen.n_instances, gen.checkpoint)
         return self.query
 
-    def _routing(self, gen: Generation) -> tuple[DataFrame, VersionGuard | None]:
-        """The routing rows of a generation's query, and the guard of its sink.
+    def _prepare(self, gen: Generation) -> tuple[tuple, DataFrame, GatedWriter]:
+        """A generation's streaming DataFrame and sink, ready to start (no side effect on
+        its checkpoint: a restart builds them while the old generation still runs)."""
+        root = self.config.tables_root
+        if not self._tables_ready:
+            tables.create_assignments(
+                self.spark, tables.assignments_n_instances(self.spark, root), root)
+            for table in (tables.RESULTS, tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS):
+                tables.ensure_table(self.spark, table, root)
+            self._tables_ready = True
+        rows, guard = self._routing(gen)
+        stream, sink = generation_query(self.spark, self.config, gen, rows, guard)
+        return (gen.number, gen.assignment_version, gen.checkpoint), stream, sink
 
-        Pinned (``pin_assignment``): the generation's own version. Otherwise the latest
-        version every micro-batch (live switch), falling back to the version in force
-        (the last committed batch's) while the latest is one it must not follow.
-        """
+    def _routing(self, gen: Generation) -> tuple[DataFrame, VersionGuard | None]:
+        """The routing rows of a generation's query and the guard of its sink
+        (:func:`~.restart_sink.follow_routing`). A restart passes what it read while the
+        old generation still ran (steps, the assignments' history)."""
         root = self.config.tables_root
         if self.pin_assignment:
             return tables.assignment_rows(self.spark, root, gen.assignment_version), None
-        last = checkpoint_position(gen.checkpoint).last_batch
-        # A restart passes what it read while the old generation still ran (steps, the
-        # assignments' history): later versions still meet the sink's guard.
         hint, self._hint = self._hint, None
-        steps = hint[0] if hint else self.control.steps()
-        acknowledged = {s.request_id for s in steps if s.step == "acknowledged"}
-        requested = {int(s.assignment_version) for s in steps if s.step == "requested"
-                     and s.request_id not in acknowledged and s.assignment_version is not None}
-        guard = VersionGuard(self.spark, root, gen.n_instances, in_force_version(gen, last),
-                             requested, metadata=dict(hint[1]) if hint else {})
-        blocked = guard.blocked_versions(refresh=hint is None)
-        rows = follow_assignment_rows(tables.assignment_rows(self.spark, root),
-                                      tables.assignment_rows(self.spark, root, guard.in_force),
-                                      blocked, gen.n_instances)
-        log.info("generation %d follows the latest assignment version (in force: %d, "
-                 "not followed: %s)", gen.number, guard.in_force, blocked)
-        return rows, guard
+        in_force = in_force_version(gen, checkpoint_position(gen.checkpoint).last_batch)
+        return follow_routing(self.spark, root, gen.n_instances, in_force,
+                              hint[0] if hint else self.control.steps(),
+                              hint[1] if hint else None)
 
     def _stop_at_boundary(self, timeout: float = 120.0) -> None:
         """Close the sink gate, wait for the last written batch's commit, stop the query.

@@ -43,6 +43,31 @@ def checkpoint_position(checkpoint: str) -> Position:
                     uncommitted)
 
 
+def covering_batch(checkpoint: str, version: int, source: int = 1) -> int | None:
+    """The first committed batch whose offset of Delta source ``source`` (1: the handoff
+    table) is at or past the (one-file) table version ``version``; None if none is."""
+    root = Path(checkpoint)
+
+    def covers(batch: int) -> bool:
+        lines = (root / "offsets" / str(batch)).read_text().strip().splitlines()
+        text = lines[2 + source] if len(lines) > 2 + source else "-"
+        if text.strip() in ("", "-", "null"):
+            return False
+        offset = json.loads(text)
+        at = int(offset["reservoirVersion"])
+        return at > version or (at == version and int(offset["index"]) >= 0)
+
+    commits = log_ids(root / "commits")
+    low, high = 0, len(commits)          # offsets only move forward: the first that covers
+    while low < high:
+        mid = (low + high) // 2
+        if covers(commits[mid]):
+            high = mid
+        else:
+            low = mid + 1
+    return commits[low] if low < len(commits) else None
+
+
 def drop_uncommitted(checkpoint: str, written: set[int]) -> list[int]:
     """Forget the planned but uncommitted batches of a stopped query (their offsets), so
     that its next run plans that batch afresh (with input that arrived since, e.g.

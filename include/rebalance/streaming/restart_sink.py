@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from ..spark import tables
 from .job import KeyedOutputWriter
-from .processor import RESULT
+from .processor import EXPORTED, HANDOFF, HANDOFF_IN, RESULT
+from .restart_state import handoff_frame
+from .routing import follow_assignment_rows
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,20 @@ class GatedWriter(KeyedOutputWriter):
     held: int | None = None
     #: Batches that passed the gate and the guard (they may have written output).
     written: set[int] = field(default_factory=set)
+    #: The checkpoint's handoff table, and the batch that exported state (if any).
+    handoff_path: str | None = None
+    exported: int | None = None
+
+    def _hand_over(self, batch: DataFrame, batch_id: int) -> None:
+        """Write the exported state to the handoff table as ``in`` rows for the keys' new
+        labels (read by the next generation's first batch), once per batch."""
+        rows = batch.where(F.col("kind") == HANDOFF).select(
+            "label", "key", "key_group", "default_instance", "assignment_version",
+            F.lit(HANDOFF_IN).alias("handoff"), "merge", "state_version", "windows",
+            "counts", "sums", "costs")
+        (handoff_frame(self.spark, rows).coalesce(1).write.format("delta").mode("append")
+         .option("txnAppId", f"{self.query_id()}:handoff").option("txnVersion", batch_id)
+         .save(self.handoff_path))
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         with self.gate._lock:
@@ -116,7 +133,8 @@ class GatedWriter(KeyedOutputWriter):
             super().__call__(batch, batch_id)
             self.gate.last_written = batch_id
 
-    def before_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+    def before_write(self, batch: DataFrame, batch_id: int,
+                     versions: dict[str, int | None]) -> None:
         version = versions.get(RESULT)
         if self.guard is None or version is None or self.guard.followable(int(version)):
             self.written.add(batch_id)
@@ -127,7 +145,15 @@ class GatedWriter(KeyedOutputWriter):
             f"batch {batch_id} refused: routed by assignment version {version}, which this "
             f"generation (version {self.guard.in_force} in force) does not follow live")
 
-    def after_write(self, batch_id: int, versions: dict[str, int | None]) -> None:
+    def after_write(self, batch: DataFrame, batch_id: int,
+                    versions: dict[str, int | None]) -> None:
+        if HANDOFF in versions:
+            self._hand_over(batch, batch_id)
+        if EXPORTED in versions:
+            # A restart's export: the state of moved keys left their labels in this batch;
+            # it is the generation's last (the next batch, if any, is refused).
+            self.exported = batch_id
+            self.gate.shut()
         version = versions.get(RESULT)
         if self.guard is None or version is None:
             return
@@ -143,3 +169,26 @@ class GatedWriter(KeyedOutputWriter):
                 tmp = target.with_name(target.name + ".tmp")
                 tmp.write_text(json.dumps({"assignment_version": int(version)}))
                 tmp.replace(target)
+
+
+def follow_routing(spark: SparkSession, root: str | None, n_instances: int, in_force: int,
+                   steps: list, metadata: dict[int, dict[str, Any]] | None = None,
+                   ) -> tuple[DataFrame, VersionGuard]:
+    """Routing rows that follow the latest assignment version every micro-batch (live
+    switch), falling back to ``in_force`` (the last committed batch's version) while the
+    latest is one the generation must not follow: published for a restart or another N,
+    or named by a restart request not yet acknowledged (``steps``); and the sink's guard.
+    ``metadata`` (version -> commit metadata, read a moment ago) spares a history read:
+    a version published since still meets the guard in the sink."""
+    acknowledged = {s.request_id for s in steps if s.step == "acknowledged"}
+    requested = {int(s.assignment_version) for s in steps if s.step == "requested"
+                 and s.request_id not in acknowledged and s.assignment_version is not None}
+    guard = VersionGuard(spark, root, n_instances, in_force, requested,
+                         metadata=dict(metadata or {}))
+    blocked = guard.blocked_versions(refresh=metadata is None)
+    rows = follow_assignment_rows(tables.assignment_rows(spark, root),
+                                  tables.assignment_rows(spark, root, in_force),
+                                  blocked, n_instances)
+    log.info("following the latest assignment version (in force: %d, not followed: %s)",
+             in_force, blocked)
+    return rows, guard

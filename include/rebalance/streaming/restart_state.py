@@ -6,19 +6,19 @@ re-keys it, :func:`write_state` writes it as a new generation's ``initialState``
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..placement import default_instances
 from ..spark import tables
-from .processor import (
-    HANDOFF_COLUMNS_DDL, HANDOFF_IN, HANDOFF_OUT, INITIAL_STATE_DDL, PERKEY, PERWINDOW)
+from .processor import HANDOFF_COLUMNS_DDL, HANDOFF_EXPORT, INITIAL_STATE_DDL, PERKEY, PERWINDOW
 from .restart_control import Generation
-from .routing import instance_labels, route
+from .routing import instance_labels
 
 
 def read_state(spark: SparkSession, generation: Generation,
@@ -150,8 +150,8 @@ def _sub_schema(schema, columns: list[str]):
 
 # --------------------------------------------------------------------- handoff in the stream
 
-#: A handoff row (:data:`~rebalance.streaming.processor.HANDOFF_COLUMNS_DDL`) with its
-#: label, key and the key's state fields.
+#: A row of a checkpoint's handoff table: the operator's input besides events
+#: (:data:`~rebalance.streaming.processor.HANDOFF_COLUMNS_DDL`), with its label and key.
 HANDOFF_DDL = ("label INT, key STRING, key_group INT, default_instance INT, "
                "assignment_version BIGINT, " + HANDOFF_COLUMNS_DDL)
 HANDOFF_TYPES = {name: kind for name, kind in (c.split(" ", 1) for c in HANDOFF_DDL.split(", "))}
@@ -171,49 +171,32 @@ def ensure_handoff_table(spark: SparkSession, checkpoint: str) -> str:
     return path
 
 
-def handoff_rows(spark: SparkSession, checkpoint: str, last_batch: int,
-                 assignment_rows: DataFrame, n_instances: int, version: int) -> DataFrame:
-    """The handoff rows that bring a checkpoint's state after ``last_batch`` to a new
-    assignment of the same N, computed in Spark (only moved keys reach Python later).
-
-    Every ``perkey`` entry held by a label other than its key's label under the new
-    assignment (a moved key, or a key split by an earlier live switch) becomes an
-    ``out`` row for the label holding it and an ``in`` row, with its state, for the
-    key's new label; every other key keeps its state where it is, untouched.
-    """
-    state = (spark.read.format("statestore").option("path", checkpoint)
-             .option("stateVarName", PERKEY).option("batchId", last_batch).load()
-             .select(F.col("key.label").cast("int").alias("held_by"),
-                     F.col("user_map_key.key").alias("key"),
-                     *[F.col(f"user_map_value.{c}").alias(f"state_{c}") for c in (
-                         "key_group", "default_instance", "version", "windows", "counts",
-                         "sums", "costs")]))
-    routed = route(state, assignment_rows, n_instances)
-    # An in row merges when its new label also holds the key (split by a live switch).
-    staying = (routed.where(F.col("held_by") == F.col("label"))
-               .select("key", F.lit(True).alias("merge")))
-    moved = (routed.where(F.col("held_by") != F.col("label"))
-             .join(F.broadcast(staying), "key", "left"))
-    windows = {c: F.col(f"state_{c}") for c in ("windows", "counts", "sums", "costs")}
-    given_out = {"label": F.col("held_by"), "key": F.col("key"), "handoff": F.lit(HANDOFF_OUT),
-                 **windows}
-    given_in = {"label": F.col("label"), "key": F.col("key"),
-                "key_group": F.col("state_key_group"),
-                "default_instance": F.col("state_default_instance"),
-                "assignment_version": F.lit(int(version)), "handoff": F.lit(HANDOFF_IN),
-                "merge": F.coalesce(F.col("merge"), F.lit(False)),
-                "state_version": F.col("state_version"), **windows}
-
-    def row(given: dict) -> Column:
-        return F.struct(*[given.get(c, F.lit(None)).cast(t).alias(c)
-                          for c, t in HANDOFF_TYPES.items()])
-
-    # One scan of the state: each moved entry gives its out row and its in row.
-    return moved.select(F.explode(F.array(row(given_out), row(given_in))).alias("r")).select("r.*")
+def handoff_frame(spark: SparkSession, rows: DataFrame | list[dict]) -> DataFrame:
+    """Rows (dicts, or a DataFrame with some of the columns) as handoff-table rows."""
+    if isinstance(rows, list):
+        rows = spark.createDataFrame(rows, ", ".join(
+            f"{c} {t}" for c, t in HANDOFF_TYPES.items()))
+    given = set(rows.columns)
+    return rows.select(*[(F.col(c) if c in given else F.lit(None)).cast(t).alias(c)
+                         for c, t in HANDOFF_TYPES.items()])
 
 
-def append_handoff(spark: SparkSession, checkpoint: str, staged: str, request_id: str) -> None:
-    """Append staged handoff rows to the checkpoint's handoff table, once per request."""
-    (spark.read.parquet(staged).write.format("delta").mode("append")
-     .option("txnAppId", f"handoff:{request_id}").option("txnVersion", 1)
-     .save(ensure_handoff_table(spark, checkpoint)))
+def append_export(spark: SparkSession, checkpoint: str, routing: dict[str, int],
+                  n_instances: int, version: int, merge: bool, request_id: str) -> int:
+    """Ask every label of a checkpoint to give away the keys ``routing`` (over the default
+    placement) puts elsewhere: one ``export`` row per label, appended once per request
+    (Delta transaction) to its handoff table. Returns the table version holding them."""
+    path = ensure_handoff_table(spark, checkpoint)
+    keys = sorted(routing)
+    rows = [{"label": label, "handoff": HANDOFF_EXPORT, "assignment_version": int(version),
+             "merge": bool(merge), "routing_keys": keys,
+             "routing_instances": [int(routing[k]) for k in keys]}
+            for label in instance_labels(n_instances)]
+    (handoff_frame(spark, rows).coalesce(1).write.format("delta").mode("append")
+     .option("txnAppId", f"export:{request_id}").option("txnVersion", 1)
+     .option("userMetadata", json.dumps({"export": request_id})).save(path))
+    for row in spark.sql(f"DESCRIBE HISTORY {tables.sql_name(path)}").select(
+            "version", "userMetadata").collect():
+        if row.userMetadata and json.loads(row.userMetadata).get("export") == request_id:
+            return int(row.version)
+    raise RuntimeError(f"the export of request {request_id} is not in {path}")

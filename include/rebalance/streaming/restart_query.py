@@ -1,0 +1,75 @@
+"""The keyed query of one generation: its sources, routing, operator and sink."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ..spark import tables
+from .job import JobConfig, keyed_stream
+from .restart_checkpoint import routing_log
+from .restart_control import Generation
+from .restart_sink import GatedWriter, VersionGuard
+from .restart_state import ensure_handoff_table
+
+
+def generation_query(spark: SparkSession, config: JobConfig, gen: Generation,
+                     assignment_rows: DataFrame, guard: VersionGuard | None,
+                     ) -> tuple[DataFrame, GatedWriter]:
+    """The streaming DataFrame of a generation and its sink (nothing starts here).
+
+    Events: the Delta table ``events`` from where the generation's checkpoint started
+    (``startingVersion``, minus files already processed, minus events late for the old
+    watermark; a resumed checkpoint goes on from its offsets), unioned with the
+    checkpoint's handoff table; routed by ``assignment_rows``; the keyed operator,
+    seeded with the checkpoint's initial state, if any.
+    """
+    config = dataclasses.replace(config, n_instances=gen.n_instances)
+    root = config.tables_root
+    reader = (spark.readStream.format("delta")
+              .option("startingVersion", int(gen.source.get("starting_version", 0))))
+    if config.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
+    raw = reader.load(tables.EVENTS.path(root))
+    excluded = list(gen.source.get("exclude_files") or [])
+    if excluded:
+        # The Delta streaming source has no _metadata column; input_file_name() works.
+        file_name = F.element_at(F.split(F.input_file_name(), "/"), -1)
+        raw = raw.where(~file_name.isin(excluded))
+    raw = raw.select(*tables.EVENTS.columns)
+    min_ms = gen.source.get("min_event_ms")
+    if min_ms:
+        # Late for the old generation's watermark: dropped, as it would have dropped them.
+        parsed = F.unix_millis(F.trim(F.col("event_time")).try_cast("timestamp"))
+        raw = raw.where(parsed.isNull() | (parsed > F.lit(int(min_ms))))
+    handoff = spark.readStream.format("delta").load(ensure_handoff_table(spark, gen.checkpoint))
+    initial = spark.read.parquet(gen.state_path) if gen.state_path else None
+    stream = keyed_stream(spark, raw, config, gen.assignment_version, initial,
+                          assignment_rows=assignment_rows, handoff=handoff)
+    sink = GatedWriter(spark, config, f"{config.name}-keyed", gen.batch_offset, guard=guard,
+                       log_folder=routing_log(gen.checkpoint),
+                       handoff_path=ensure_handoff_table(spark, gen.checkpoint))
+    return stream, sink
+
+
+class Background(threading.Thread):
+    """Runs one call in a thread; :meth:`join` re-raises its error."""
+
+    def __init__(self, call) -> None:
+        super().__init__(daemon=True)
+        self.call, self.error = call, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by join()
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
