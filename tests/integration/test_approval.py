@@ -180,7 +180,9 @@ def stored_detail(app, run_id: str) -> dict:
 def assert_request_names_the_plan(responder: Responder, plan_id: str):
     detail = responder.detail
     assert detail["subject"] == f"Apply rebalance plan {plan_id}?"
-    assert json.loads(detail["body"])["plan_id"] == plan_id
+    # The body is Markdown for a person: the plan, its figures and a link to its page.
+    assert f"`{plan_id}`" in detail["body"] and f"(/rebalance/plans/{plan_id})" in detail["body"]
+    assert "imbalance" in detail["body"] and "key(s) move" in detail["body"]
     assert detail["options"] == ["Approve", "Reject"] and detail["defaults"] == ["Reject"]
     assert detail["multiple"] is False and detail["response_received"] is False
     assert responder.unauthenticated_status == 401  # the API refuses an anonymous caller
