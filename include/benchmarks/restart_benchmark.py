@@ -14,8 +14,9 @@ the keys to another instance, then requesting the restart and executing it.
 
 Reported per restart, then per K the median and the worst (first restart included):
 
-* **pause**: no output committed: from the old generation's last committed batch
-  to the new generation's first (commit files of both checkpoints);
+* **pause**: no output committed: the longest gap between consecutive committed
+  batches (commit files of both generations), from the last one before the request
+  to the new generation's first (a normal batch takes ``batch_ms_before``);
 * **request to acknowledgement** (from the request row to the job's
   acknowledgement), apart from the pause;
 * its parts, seconds between the job's timing marks: **warm-up** (what the job does
@@ -158,17 +159,24 @@ def run_one_k(n_keys: int, restarts: int, seed: int, master: str, work: Path) ->
             new = job.generation
             # A generation that keeps its checkpoint (same N) numbers on from start_batch.
             start = getattr(new, "start_batch", 0)
-            old_commits = {b: t for b, t in _commits(old.checkpoint).items()
-                           if new.checkpoint != old.checkpoint or b < start}
+            old_commits = sorted(t for b, t in _commits(old.checkpoint).items()
+                                 if new.checkpoint != old.checkpoint or b < start)
             new_commits = {b: t for b, t in _commits(new.checkpoint).items() if b >= start}
-            last_old = max(old_commits.values()) if old_commits else None
             first_new = new_commits[min(new_commits)] if new_commits else None
+            # No output committed: the longest gap between consecutive commits, from the
+            # last one before the request to the new generation's first.
+            before = [t for t in old_commits if t <= requested]
+            window = (([before[-1]] if before else []) + [t for t in old_commits
+                                                          if t > requested]
+                      + ([first_new] if first_new is not None else []))
+            pause = max(b - a for a, b in zip(window, window[1:])) if len(window) > 1 \
+                else None
             keys_with_state = (spark.read.format("statestore").option("path", new.checkpoint)
                                .option("stateVarName", "perkey").load().count())
             figure = {
                 "keys": n_keys, "restart": r + 1, "ok": status["ok"],
                 "keys_with_state": keys_with_state, "moved_keys": share,
-                "pause": round(first_new - last_old, 3) if last_old and first_new else None,
+                "pause": round(pause, 3) if pause is not None else None,
                 "request_to_ack": round(acknowledged - requested, 3),
                 "recorded_pause": status.get("pause_seconds"),
                 "since_request": status.get("seconds_since_request"),

@@ -380,7 +380,8 @@ class KeyedWindowProcessor(StatefulProcessor):
             first = group[0]
             state = KeyWindows.from_state(self.perkey.getValue((key,)), int(first.key_group),
                                           int(first.default_instance), int(first.version))
-            state.version = max(state.version, *(int(r.version) for r in group))
+            routed_by = max(int(r.version) for r in group)   # this batch's assignment version
+            state.version = max(state.version, routed_by)
             added = {int(r.window_start_ms): int(r.events) for r in group}
             for r in group:
                 state.add(int(r.window_start_ms), int(r.events), float(r.total), float(r.cost))
@@ -390,7 +391,7 @@ class KeyedWindowProcessor(StatefulProcessor):
                 sliding_count, sliding_sum = state.sliding(window, s.window_ms, s.n_windows)
                 out.append({"kind": RESULT, "key": key, "window_start_ms": window,
                             "instance": instance, "partition_id": partition,
-                            "assignment_version": state.version,
+                            "assignment_version": routed_by,
                             "events": added.get(window, 0), "count": count, "sum": total,
                             "sliding_count": sliding_count, "sliding_sum": sliding_sum})
         return out

@@ -396,7 +396,12 @@ class RestartableJob:
             deadline = time.monotonic() + self.ack_timeout_seconds
             while self.writer.exported is None:
                 if self.query.exception() is not None:
-                    raise self.query.exception()
+                    if self.writer.held is None:
+                        raise self.query.exception()
+                    # It held at the new version (seen before the request): it routes by
+                    # the version in force again, and exports.
+                    self._ensure_stopped()
+                    self._run(old)
                 if time.monotonic() > deadline:
                     raise RestartError(f"the old generation exported nothing in "
                                        f"{self.ack_timeout_seconds} s")
@@ -516,9 +521,10 @@ class RestartableJob:
             return tables.assignment_rows(self.spark, root, gen.assignment_version), None
         hint, self._hint = self._hint, None
         in_force = in_force_version(gen, checkpoint_position(gen.checkpoint).last_batch)
+        tables.ensure_table(self.spark, tables.RESTARTS, root)
         return follow_routing(self.spark, root, gen.n_instances, in_force,
                               hint[0] if hint else self.control.steps(),
-                              hint[1] if hint else None)
+                              hint[1] if hint else None, job=self.config.name)
 
     def _stop_at_boundary(self, timeout: float = 120.0) -> None:
         """Close the sink gate, wait for the last written batch's commit, stop the query.

@@ -171,13 +171,24 @@ class GatedWriter(KeyedOutputWriter):
                 tmp.replace(target)
 
 
+def pending_versions(spark: SparkSession, root: str | None, job: str) -> DataFrame:
+    """Versions named by restart requests of ``job`` not yet acknowledged nor rolled back
+    (a static read of the ``restarts`` table: re-read every micro-batch)."""
+    steps = tables.read(spark, tables.RESTARTS, root).where(F.col("job") == job)
+    done = steps.where(F.col("step").isin("acknowledged", "rolled_back")).select("request_id")
+    return (steps.where(F.col("step") == "requested")
+            .join(done, "request_id", "left_anti").select("assignment_version"))
+
+
 def follow_routing(spark: SparkSession, root: str | None, n_instances: int, in_force: int,
                    steps: list, metadata: dict[int, dict[str, Any]] | None = None,
-                   ) -> tuple[DataFrame, VersionGuard]:
+                   job: str | None = None) -> tuple[DataFrame, VersionGuard]:
     """Routing rows that follow the latest assignment version every micro-batch (live
     switch), falling back to ``in_force`` (the last committed batch's version) while the
     latest is one the generation must not follow: published for a restart or another N,
-    or named by a restart request not yet acknowledged (``steps``); and the sink's guard.
+    or named by a restart request not yet acknowledged (``steps``; with ``job``, also
+    requests written after the query started, read every micro-batch); and the sink's
+    guard.
     ``metadata`` (version -> commit metadata, read a moment ago) spares a history read:
     a version published since still meets the guard in the sink."""
     acknowledged = {s.request_id for s in steps if s.step == "acknowledged"}
@@ -188,7 +199,8 @@ def follow_routing(spark: SparkSession, root: str | None, n_instances: int, in_f
     blocked = guard.blocked_versions(refresh=metadata is None)
     rows = follow_assignment_rows(tables.assignment_rows(spark, root),
                                   tables.assignment_rows(spark, root, in_force),
-                                  blocked, n_instances)
+                                  blocked, n_instances,
+                                  pending_versions(spark, root, job) if job else None, in_force)
     log.info("following the latest assignment version (in force: %d, not followed: %s)",
              in_force, blocked)
     return rows, guard

@@ -92,23 +92,36 @@ def route(events: DataFrame, assignment_rows: DataFrame, n_instances: int) -> Da
 
 
 def follow_assignment_rows(latest: DataFrame, fallback: DataFrame, blocked: list[int],
-                           n_instances: int) -> DataFrame:
+                           n_instances: int, pending: DataFrame | None = None,
+                           in_force: int | None = None) -> DataFrame:
     """Routing rows of the latest assignment version, or of ``fallback`` when it cannot be used.
 
     ``latest`` and ``fallback`` are :func:`rebalance.spark.tables.assignment_rows` reads
-    (the latest snapshot, re-read by Delta every micro-batch, and one pinned version).
-    The latest version is used unless it is one of ``blocked`` (versions a controlled
-    restart must bring in: published for a restart, or for another N) or routes a key
-    outside ``[0, N)`` (a version for another N published since the query started);
-    then the pinned ``fallback`` (the version in force) routes the batch. Decided per
-    micro-batch, in one snapshot: the result feeds :func:`route` like a plain read.
+    (the latest snapshot, re-read by Delta every micro-batch, and one pinned version, the
+    one in force: ``in_force``). The latest version is used unless it is one of
+    ``blocked`` (versions a controlled restart must bring in: published for a restart, or
+    for another N), or one of the ``assignment_version`` values of ``pending`` (a static
+    read, re-read every micro-batch: versions named by restart requests not yet done),
+    unless it is the one in force, or routes a key outside ``[0, N)`` (a version for
+    another N); then the pinned ``fallback`` routes the batch. Decided per micro-batch:
+    the result feeds :func:`route` like a plain read.
     """
     latest_version = F.coalesce(F.max("assignment_version"), F.lit(0)).cast("bigint")
     in_range = (F.coalesce(F.max("instance"), F.lit(0)) < n_instances) & (
         F.coalesce(F.min("instance"), F.lit(0)) >= 0)
     usable = in_range if not blocked else (
         in_range & ~latest_version.isin([int(v) for v in blocked]))
-    flag = latest.agg(usable.alias("_use_latest"))
+    flag = latest.agg(usable.alias("_use_latest"), latest_version.alias("_latest"))
+    if pending is not None:
+        waiting = pending.agg(F.collect_set(F.col("assignment_version").cast("bigint"))
+                              .alias("_pending"))
+        ok = ~F.array_contains(F.col("_pending"), F.col("_latest"))
+        if in_force is not None:
+            ok = ok | (F.col("_latest") == F.lit(int(in_force)))
+        flag = flag.crossJoin(waiting).select(
+            (F.col("_use_latest") & ok).alias("_use_latest"))
+    else:
+        flag = flag.select("_use_latest")
     chosen = latest.crossJoin(flag).where(F.col("_use_latest"))
     other = fallback.crossJoin(flag).where(~F.col("_use_latest"))
     return chosen.unionByName(other).drop("_use_latest")
