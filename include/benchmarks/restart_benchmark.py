@@ -94,13 +94,14 @@ def _parts(since: dict[str, float]) -> dict[str, float | None]:
     def gap(a: str, b: str) -> float | None:
         return round(since[b] - since[a], 3) if a in since and b in since else None
 
-    started = "running" if "running" in since else None
+    running = "running" if "running" in since else None
     warmed = "warmed" if "warmed" in since else "requested"
+    written = "state_written" if "state_written" in since else "stopped"
     return {"warm_up": gap("requested", "warmed"),
             "stop_wait": gap(warmed, "stopped"),
             "state": gap("stopped", "state_written"),
-            "start": gap("state_written", started) if started else None,
-            "first_commit": gap(started or "state_written", "acknowledged")}
+            "start": gap(written, running) if running else None,
+            "first_commit": gap(running or written, "acknowledged")}
 
 
 def run_one_k(n_keys: int, restarts: int, seed: int, master: str, work: Path) -> list[dict]:
@@ -237,6 +238,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--master", default="local[2]")
     p.add_argument("--json", help="also write every figure to this file")
+    p.add_argument("--table", help="print the table of a --json file again, and stop")
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)        # child: one K
     p.add_argument("--out", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -244,6 +246,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.table:
+        rows = json.loads(Path(args.table).read_text())["restarts"]
+        for row in rows:
+            row.update(_parts(row.get("since_request") or {}))
+        print_table([_summary([r for r in rows if r["keys"] == k])
+                     for k in dict.fromkeys(r["keys"] for r in rows)])
+        return 0
     if args.one is not None:
         work = Path(tempfile.mkdtemp(prefix=f"restart-benchmark-k{args.one}-"))
         try:
