@@ -42,7 +42,7 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml | $(PY)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-$(JARS)/.complete: include/jars/pom.xml include/scripts/fetch_jars.sh $(VENV)/.installed
+$(JARS)/.complete: include/jars/pom.xml include/jars/kafka-broker.xml include/scripts/fetch_jars.sh $(VENV)/.installed
 	bash include/scripts/fetch_jars.sh $(JARS) "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
 	touch $@
 
