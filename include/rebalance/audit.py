@@ -59,8 +59,11 @@ def history(args: argparse.Namespace) -> int:
     from .spark import tables
     from .spark.plan_store import PLANS, PlanStore
 
+    from .cli import UserError
     from .pipeline import spark_session
 
+    if args.limit < 0:  # checked before Spark starts (issue 14)
+        raise UserError(f"--limit must be >= 0 (0: all), got {args.limit}")
     spark = spark_session()
     store = PlanStore(spark)
     limit = args.limit or None
@@ -138,12 +141,13 @@ def rollback(args: argparse.Namespace) -> int:
     from . import pipeline
     from .spark.plan_store import PlanStoreError
 
+    _check_rollback_args(args)
     spark = pipeline.spark_session()
     try:
         payload = propose_rollback(spark, args.to_version, theta=args.theta,
                                    lookback_windows=args.lookback_windows, dry_run=args.dry_run)
     except (LookupError, ValueError, PlanStoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"rebalance rollback: error: {exc}", file=sys.stderr)
         return 2
     plan = payload["plan"]
     print(f"rollback plan {plan['plan_id']}: restore v{args.to_version} over live "
@@ -163,6 +167,20 @@ def rollback(args: argparse.Namespace) -> int:
     print(f"assignment version {payload['plan']['assignment_version']} is live: the routing "
           f"table of v{args.to_version} (plan {plan['plan_id']})")
     return 0
+
+
+def _check_rollback_args(args: argparse.Namespace) -> None:
+    """Refuse bad numbers before Spark starts (issue 14): one line, exit 2."""
+    import math
+
+    from .cli import UserError
+
+    if args.to_version < 0:
+        raise UserError(f"--to-version must be >= 0, got {args.to_version}")
+    if args.theta is not None and not (math.isfinite(args.theta) and args.theta > 0):
+        raise UserError(f"--theta must be a number > 0, got {args.theta}")
+    if args.lookback_windows < 1:
+        raise UserError(f"--lookback-windows must be >= 1, got {args.lookback_windows}")
 
 
 def propose_rollback(spark, to_version: int, theta: float | None = None,

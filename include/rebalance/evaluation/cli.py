@@ -32,6 +32,11 @@ from pathlib import Path
 #: every ``rebalance`` command's start, measured in issue 11).
 EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb", "replay",
                "scale")
+#: Refused above these (issue 14): ``--keys`` of the scale experiment (10^7 keys peak at
+#: about 3 GB RSS; 5 x 10^7 is the most this 24 GiB machine plans with room to spare) and
+#: ``--intervals`` (each interval is a whole plan of every planner).
+MAX_SCALE_KEYS = 50_000_000
+MAX_INTERVALS = 100_000
 TABLE_COLUMNS = ("planner", "imbalance_before", "imbalance_after", "imbalance_next",
                  "migration_fraction", "migration_per_rebalance", "moved_keys", "table_size",
                  "plan_seconds", "lower_bound_fraction", "gap")
@@ -80,11 +85,16 @@ def _check(args) -> None:
         raise UserError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
     if args.theta is not None and not (math.isfinite(args.theta) and args.theta > 0):
         raise UserError(f"--theta must be a number > 0, got {args.theta}")
+    if args.intervals is not None and args.intervals > MAX_INTERVALS:
+        raise UserError(f"--intervals must be <= {MAX_INTERVALS}, got {args.intervals}")
     if args.experiment == "replay":
+        from ..model import MAX_INSTANCES
+
         if not args.histograms or args.instances is None:
             raise UserError("--experiment replay needs --histograms PATH and --instances N")
-        if args.instances < 1:
-            raise UserError(f"--instances must be >= 1, got {args.instances}")
+        if not 1 <= args.instances <= MAX_INSTANCES:
+            raise UserError(f"--instances must be within [1, {MAX_INSTANCES}], "
+                            f"got {args.instances}")
     elif args.histograms:
         raise UserError("--histograms is only used by --experiment replay")
     if args.experiment == "scale":
@@ -95,8 +105,16 @@ def _check(args) -> None:
         except ValueError:
             raise UserError(f"--keys must be comma-separated integers, got {args.keys!r}") \
                 from None
-        if min(keys) < 1:
-            raise UserError(f"--keys must be >= 1, got {args.keys!r}")
+        if min(keys) < 1 or max(keys) > MAX_SCALE_KEYS:
+            raise UserError(f"--keys must be within [1, {MAX_SCALE_KEYS}], got {args.keys!r}")
+    if args.runs < 1:
+        raise UserError(f"--runs must be >= 1, got {args.runs}")
+    from ..plan_cli import check_out_dir
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    check_out_dir(out)
 
 
 def format_table(summary, columns=TABLE_COLUMNS) -> str:
