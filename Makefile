@@ -16,7 +16,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup check-prereqs test test-unit demo bench up down status constraints clean
+.PHONY: help setup check-prereqs test test-unit demo bench up down status kafka-up kafka-down constraints clean
 
 help:
 	@echo "make setup      create .venv, install requirements, fetch Delta JARs, init Airflow"
@@ -27,6 +27,8 @@ help:
 	@echo "make up         start the whole service in the background (Airflow UI, Spark Connect, job, generator)"
 	@echo "make down       stop everything make up started"
 	@echo "make status     say what of the service runs"
+	@echo "make kafka-up   start a local single-node Kafka broker (KRaft, 127.0.0.1:9092, data in .data/kafka)"
+	@echo "make kafka-down stop it (by its recorded process id)"
 
 setup: check-prereqs $(VENV)/.installed $(JARS)/.complete $(AIRFLOW_HOME)/.initialised
 
@@ -71,6 +73,12 @@ down:
 
 status:
 	@$(PY) -m rebalance.cli service status
+
+kafka-up: setup
+	$(PY) -m rebalance.cli kafka up
+
+kafka-down:
+	@if [ -x $(PY) ]; then $(PY) -m rebalance.cli kafka down; else echo "nothing to stop (no .venv)"; fi
 
 # Regenerate the transitive pins after changing requirements.txt.
 constraints: | $(PY)

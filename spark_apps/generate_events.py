@@ -1,10 +1,15 @@
-"""Append batches of a skewed, fluctuating keyed event stream to the Delta table ``events``.
+"""Append batches of a skewed, fluctuating keyed event stream to the Delta table ``events``
+(or produce them to a Kafka topic).
 
     python spark_apps/generate_events.py --batches 10 --keys 1000 --zipf 1.0 --fluctuation 1.0
+    python spark_apps/generate_events.py --batches 10 --sink kafka \
+        --bootstrap-servers 127.0.0.1:9092 --topic events
     spark-submit spark_apps/generate_events.py --batches 10
 
 Each batch is one Delta commit; a new run continues after the last batch in the
-table (same options required), so the stream stays a pure function of them.
+table (same options required), so the stream stays a pure function of them; a batch
+already in the table is not appended again. To Kafka, batches start at --start-batch
+(default 0) and are sent at least once (a re-run sends them again).
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import sys
 from rebalance.spark.tables import EVENTS, TableError, ensure_table
 from rebalance.streaming.apps import add_spark_options, spark_from_args
 from rebalance.streaming.generator import (
-    EventGenerator, GeneratorConfig, GeneratorError, append_batches, follow, follow_start, next_batch)
+    EventGenerator, GeneratorConfig, GeneratorError, append_batches, follow, follow_start,
+    next_batch, produce_batches)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,6 +47,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--start-time", help="event time of batch 0 (ISO-8601; default "
                    f"{d.start}, with --follow: the recorded one, else now)")
+    p.add_argument("--sink", choices=("delta", "kafka"), default="delta",
+                   help="append to the Delta table events (default) or produce to Kafka")
+    p.add_argument("--bootstrap-servers", metavar="HOST:PORT", help="Kafka (--sink kafka)")
+    p.add_argument("--topic", help="Kafka topic (--sink kafka)")
+    p.add_argument("--duplicate-fraction", type=float, default=0.0,
+                   help="--sink kafka: send this fraction of each batch's events twice "
+                        "(a producer's retries)")
     p.add_argument("--follow", action="store_true",
                    help="run forever, appending each batch in real time once its events are "
                         "due (the service's live source); --batches is then ignored")
@@ -53,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.batches < 1 and not args.follow:
         print("error: --batches must be >= 1", file=sys.stderr)
         return 2
+    problem = _sink_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         config = GeneratorConfig(
             n_keys=args.keys, zipf=args.zipf, events_per_batch=args.events_per_batch,
@@ -61,18 +78,55 @@ def main(argv: list[str] | None = None) -> int:
             cost_sigma=args.cost_sigma, malformed_fraction=args.malformed_fraction,
             seed=args.seed, start=args.start_time or GeneratorConfig().start)
         spark = spark_from_args(args, "rebalance-generate-events")
+        if args.sink == "kafka":
+            first = args.start_batch or 0
+            produced = produce_batches(spark, EventGenerator(config),
+                                       range(first, first + args.batches),
+                                       args.bootstrap_servers, args.topic,
+                                       args.duplicate_fraction)
+            print(f"produced batches {produced[0]}..{produced[-1]} "
+                  f"({config.events_per_batch} events each) to topic {args.topic} at "
+                  f"{args.bootstrap_servers}")
+            return 0
         if args.follow:
             return _follow(spark, config, args)
         first = (args.start_batch if args.start_batch is not None
                  else next_batch(spark, config, args.tables_root))
-        written = append_batches(spark, EventGenerator(config),
-                                 range(first, first + args.batches), args.tables_root)
+        asked = range(first, first + args.batches)
+        written = append_batches(spark, EventGenerator(config), asked, args.tables_root)
     except (GeneratorError, TableError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"appended batches {written[0]}..{written[-1]} "
-          f"({config.events_per_batch} events each) to {EVENTS.path(args.tables_root)}")
+    print(f"{_summary(written, asked)} ({config.events_per_batch} events each) to "
+          f"{EVENTS.path(args.tables_root)}")
     return 0
+
+
+def _sink_problem(args: argparse.Namespace) -> str | None:
+    if args.sink == "kafka":
+        if not (args.bootstrap_servers and args.topic):
+            return "--sink kafka needs --bootstrap-servers HOST:PORT and --topic"
+        if args.follow:
+            return "--follow writes to the Delta table only"
+        if not 0 <= args.duplicate_fraction <= 1:
+            return "--duplicate-fraction must be in [0, 1]"
+    elif args.bootstrap_servers or args.topic or args.duplicate_fraction:
+        return "--bootstrap-servers, --topic and --duplicate-fraction are for --sink kafka"
+    return None
+
+
+def _summary(written: list[int], asked: range) -> str:
+    """What was appended, truthfully: batches already in the table are not appended again."""
+    if not written:
+        return f"appended nothing: batches {asked[0]}..{asked[-1]} are already in the table"
+    spans, start = [], written[0]
+    for prev, cur in zip(written, [*written[1:], None]):
+        if cur != prev + 1:
+            spans.append(f"{start}..{prev}" if prev != start else f"{prev}")
+            start = cur
+    skipped = len(asked) - len(written)
+    return (f"appended batches {', '.join(spans)}"
+            + (f" ({skipped} already in the table, skipped)" if skipped else ""))
 
 
 def _follow(spark, config: GeneratorConfig, args: argparse.Namespace) -> int:

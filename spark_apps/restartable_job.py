@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = job_config_from_args(args)
+        if config.source != "delta" or config.dedup:
+            raise JobError("the restartable job reads the Delta table events only, without "
+                           "--dedup (--source kafka and --dedup: spark_apps/keyed_job.py)")
         job = RestartableJob(spark_from_args(args, f"rebalance-{args.name}"), config,
                              pin_assignment=args.pin_assignment,
                              hold_seconds=args.hold_seconds, full_restart=args.full_restart)

@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "audit",
     "evaluation.cli",
     "service",
+    "kafka",
 )
 
 

@@ -54,6 +54,17 @@ def add_job_options(parser: argparse.ArgumentParser, *, trigger_seconds: float |
                        help="job name (checkpoint folder, query names, restart requests)")
     group.add_argument("--checkpoint-root",
                        help="folder of the checkpoints (default: $REBALANCE_DATA_DIR/checkpoints)")
+    group.add_argument("--dedup", action="store_true",
+                       help="drop events whose event_id was seen within the watermark "
+                            "(producer retries; dropDuplicatesWithinWatermark)")
+    src = parser.add_argument_group("source")
+    src.add_argument("--source", choices=("delta", "kafka"), default=d.source,
+                     help="read the Delta table events (default) or a Kafka topic")
+    src.add_argument("--bootstrap-servers", metavar="HOST:PORT",
+                     help="Kafka bootstrap servers (--source kafka)")
+    src.add_argument("--topic", help="Kafka topic of the events (--source kafka)")
+    src.add_argument("--max-offsets-per-trigger", type=int,
+                     help="limit a micro-batch's Kafka messages")
 
 
 def job_config_from_args(args: argparse.Namespace):
@@ -67,4 +78,6 @@ def job_config_from_args(args: argparse.Namespace):
         emit_histograms=not args.no_histograms, work_us_per_cost=args.work_us_per_cost,
         max_files_per_trigger=args.max_files_per_trigger,
         trigger_seconds=args.trigger_seconds, name=args.name,
-        tables_root=args.tables_root, checkpoint_root=args.checkpoint_root)
+        tables_root=args.tables_root, checkpoint_root=args.checkpoint_root,
+        source=args.source, bootstrap_servers=args.bootstrap_servers, topic=args.topic,
+        max_offsets_per_trigger=args.max_offsets_per_trigger, dedup=args.dedup)

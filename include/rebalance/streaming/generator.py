@@ -18,7 +18,8 @@ configuration and the batch number: batch ``b`` is the same whenever and
 however often it is generated.
 
 Events are stored raw (all payload columns strings) in the Delta table
-``events``; see :mod:`rebalance.spark.tables`.
+``events`` (see :mod:`rebalance.spark.tables`), or produced to a Kafka topic
+(:func:`produce_batches`: message key = event key, value = the event as JSON).
 """
 
 from __future__ import annotations
@@ -227,19 +228,35 @@ def next_batch(spark, config: GeneratorConfig, root: str | Path | None = None,
     return 0
 
 
+def appended_batches(spark, config: GeneratorConfig, root: str | Path | None = None) -> set[int]:
+    """The batches of this configuration's stream already in ``events``."""
+    from ..spark import tables
+
+    if not tables.exists(spark, tables.EVENTS, root):
+        return set()
+    mine = config.to_dict()
+    return {int(c.metadata["batch"]) for c in tables.history(spark, tables.EVENTS, root)
+            if c.metadata.get("kind") == COMMIT_KIND and c.metadata.get("config") == mine}
+
+
 def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
                    root: str | Path | None = None) -> list[int]:
-    """Append each batch as one commit (one file) to ``events``; return the batches written.
+    """Append each batch as one commit (one file) to ``events``; return the batches written
+    (a batch already in the table is skipped and not returned).
 
     Idempotent: each append is a Delta transaction ``(generator-<fingerprint>, batch)``,
-    so a batch already appended is skipped.
+    so a batch already appended is skipped (also when two writers race).
     """
     from ..spark import tables
 
     tables.ensure_table(spark, tables.EVENTS, root)
     config = generator.config
+    batches = list(batches)
+    done = appended_batches(spark, config, root) if batches else set()
     written = []
     for b in batches:
+        if b in done:
+            continue
         generated = generator.batch(b)
         df = spark.createDataFrame(generated.events, schema=tables.EVENTS.schema).coalesce(1)
         interval = b // config.interval_batches
@@ -251,6 +268,38 @@ def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
                       txn=(f"generator-{config.fingerprint()}", b))
         written.append(b)
     return written
+
+
+def produce_batches(spark, generator: EventGenerator, batches: Iterable[int],
+                    bootstrap_servers: str, topic: str,
+                    duplicate_fraction: float = 0.0) -> list[int]:
+    """Produce each batch's events to the Kafka topic (Spark's Kafka sink); return the
+    batches produced. Message key = event key, value = the event as JSON (the ``events``
+    fields as strings; a NULL field is left out). ``duplicate_fraction`` of each batch's
+    events are sent a second time, as a producer's retry would (same ``event_id``).
+
+    At least once: producing a batch again sends its events again (a job run with
+    ``dedup`` drops them within the watermark).
+    """
+    from pyspark.sql import functions as F
+
+    from ..spark import tables
+
+    if not 0 <= duplicate_fraction <= 1:
+        raise GeneratorError(f"duplicate_fraction must be in [0, 1], got {duplicate_fraction}")
+    produced = []
+    for b in batches:
+        events = generator.batch(b).events
+        if duplicate_fraction:
+            rng = np.random.default_rng([generator.config.seed, 3, b])
+            again = events[rng.random(len(events)) < duplicate_fraction]
+            events = pd.concat([events, again], ignore_index=True)
+        df = spark.createDataFrame(events, schema=tables.EVENTS.schema)
+        (df.select(F.col("key"), F.to_json(F.struct(*df.columns)).alias("value"))
+           .write.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
+           .option("topic", topic).save())
+        produced.append(b)
+    return produced
 
 
 def follow(spark, config: GeneratorConfig, root: str | Path | None = None,

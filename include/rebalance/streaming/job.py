@@ -1,6 +1,9 @@
 """The keyed streaming job: parse, quarantine, route by the live assignment, aggregate per key.
 
-Two streaming queries read the Delta table ``events``:
+Two streaming queries read the raw events, from the Delta table ``events`` (the
+default, ``source="delta"``) or from a Kafka topic (``source="kafka"``: message key =
+event key, value = the event as JSON with the ``events`` table's fields; see
+:func:`read_events`):
 
 * ``<name>-quarantine``: rows that fail validation, with their reasons, to the
   Delta table ``quarantine``;
@@ -10,7 +13,9 @@ Two streaming queries read the Delta table ``events``:
   on, without restart), then ``groupBy(label).transformWithStateInPandas``
   (:class:`~rebalance.streaming.processor.KeyedWindowProcessor`, RocksDB state)
   with instance ``i`` pinned to shuffle partition ``i``, to ``results``,
-  ``key_histograms`` and ``instance_histograms``.
+  ``key_histograms`` and ``instance_histograms``. With ``dedup``, events whose
+  ``event_id`` was already seen within the watermark (a producer's retry) are
+  dropped first (``dropDuplicatesWithinWatermark``).
 
 Both queries write with ``foreachBatch``: every append is an idempotent Delta
 transaction keyed by the query id and the batch id (:class:`IdempotentSink`),
@@ -35,6 +40,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from ..paths import data_dir
 from ..spark import tables
+from ..spark.tables import RAW_EVENT_DDL
 from .processor import (
     HANDOFF_COLUMNS_DDL, INSTANCE_HISTOGRAM, KEY_HISTOGRAM, OUTPUT_DDL, RESULT,
     KeyedWindowProcessor, ProcessorSettings)
@@ -42,6 +48,10 @@ from .routing import route
 
 #: Columns of a handoff row besides the operator's input columns (NULL on event rows).
 HANDOFF_NAMES = [c.split()[0] for c in HANDOFF_COLUMNS_DDL.split(", ")]
+
+#: Where the raw events come from (:func:`read_events`).
+SOURCES = ("delta", "kafka")
+
 
 class JobError(ValueError):
     """The job cannot start with this configuration (with the reason)."""
@@ -69,6 +79,11 @@ class JobConfig:
     name: str = "keyed"
     tables_root: str | None = None
     checkpoint_root: str | None = None
+    source: str = "delta"
+    bootstrap_servers: str | None = None
+    topic: str | None = None
+    max_offsets_per_trigger: int | None = None
+    dedup: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -84,6 +99,13 @@ class JobConfig:
              "trigger_seconds must be > 0"),
             (bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(),
              "name must be letters, digits, '-' or '_'"),
+            (self.source in SOURCES, f"source must be one of {', '.join(SOURCES)}"),
+            (self.source != "kafka" or bool(self.bootstrap_servers and self.topic),
+             "source kafka needs bootstrap_servers (HOST:PORT) and topic"),
+            (self.source == "kafka" or not (self.bootstrap_servers or self.topic),
+             "bootstrap_servers and topic are for source kafka"),
+            (self.max_offsets_per_trigger is None or self.max_offsets_per_trigger >= 1,
+             "max_offsets_per_trigger must be >= 1"),
         ]
         for ok, message in checks:
             if not ok:
@@ -145,6 +167,41 @@ def valid_events(raw: DataFrame) -> DataFrame:
         _parsed("event_time").alias("event_time"))
 
 
+# --------------------------------------------------------------------------- sources
+
+def read_events(spark: SparkSession, config: JobConfig) -> DataFrame:
+    """The raw event stream (the ``events`` table's string columns) of ``config.source``.
+
+    Kafka: the topic from its earliest offset (a checkpoint resumes from its own offsets);
+    the message value is parsed as a JSON object of the ``events`` fields (numbers are
+    taken as their text), the message key stands for a missing ``key`` field. A value
+    that is not such an object gives NULL fields, so it is quarantined with the reasons
+    of the missing fields, like any other malformed event.
+    """
+    if config.source == "kafka":
+        reader = (spark.readStream.format("kafka")
+                  .option("kafka.bootstrap.servers", config.bootstrap_servers)
+                  .option("subscribe", config.topic)
+                  .option("startingOffsets", "earliest"))
+        if config.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", config.max_offsets_per_trigger)
+        messages = reader.load()
+        event = F.from_json(F.col("value").cast("string"), RAW_EVENT_DDL,
+                            {"mode": "PERMISSIVE"}).alias("e")
+        parsed = messages.select(event, F.col("key").cast("string").alias("message_key"))
+        return parsed.select(
+            *[F.coalesce("e.key", "message_key").alias(name) if name == "key"
+              else F.col(f"e.{name}").alias(name)
+              for name in (c.split()[0] for c in RAW_EVENT_DDL.split(", "))])
+    root = config.tables_root
+    if not tables.exists(spark, tables.EVENTS, root):
+        raise JobError(f"no events table at {tables.EVENTS.path(root)}; generate events first")
+    reader = spark.readStream.format("delta")
+    if config.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
+    return reader.load(tables.EVENTS.path(root))
+
+
 # --------------------------------------------------------------------------- keyed query
 
 def window_start_ms(event_time: Column, window_ms: int) -> Column:
@@ -172,6 +229,8 @@ def keyed_stream(spark: SparkSession, raw: DataFrame, config: JobConfig,
     """
     events = valid_events(raw).withWatermark(
         "event_time", f"{int(config.watermark_seconds * 1000)} milliseconds")
+    if config.dedup:
+        events = events.dropDuplicatesWithinWatermark(["event_id"])
     if assignment_rows is None:
         assignment_rows = tables.assignment_rows(spark, config.tables_root, assignment_version)
     routed = route(events, assignment_rows, config.n_instances)
@@ -346,17 +405,11 @@ def check_instances(spark: SparkSession, config: JobConfig) -> None:
 
 def start_job(spark: SparkSession, config: JobConfig) -> KeyedJob:
     """Start the quarantine and keyed queries; return them running."""
-    root = config.tables_root
-    if not tables.exists(spark, tables.EVENTS, root):
-        raise JobError(f"no events table at {tables.EVENTS.path(root)}; generate events first")
+    raw = read_events(spark, config)
     check_instances(spark, config)
     for table in (tables.QUARANTINE, tables.RESULTS, tables.KEY_HISTOGRAMS,
                   tables.INSTANCE_HISTOGRAMS):
-        tables.ensure_table(spark, table, root)
-    reader = spark.readStream.format("delta")
-    if config.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
-    raw = reader.load(tables.EVENTS.path(root))
+        tables.ensure_table(spark, table, config.tables_root)
     # Instance i must be shuffle partition i; the query keeps the value it starts with.
     previous = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", str(config.n_instances))
