@@ -16,7 +16,7 @@ live, and verifies the prediction on the next window(s).
 * Re-running any task gives the same plan id and adds no Delta version.
 * Audit trail: `rebalance history`; undo: `rebalance rollback --to-version V`.
 
-The work is library code: `rebalance.pipeline`.
+The work is library code: `rebalance.control` (params, inputs, tasks, rollout).
 """
 
 from __future__ import annotations
@@ -28,16 +28,17 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param, PokeReturnValue, TriggerRule, dag, task
 
-from rebalance import pipeline
+from rebalance.control import inputs, rollout, tasks
+from rebalance.control import params as run_params
 
 
 @dag(
-    dag_id=pipeline.DAG_ID,
-    schedule=pipeline.timetable(),
+    dag_id=run_params.DAG_ID,
+    schedule=run_params.timetable(),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    params={name: Param(**spec) for name, spec in pipeline.PARAMS_SCHEMA.items()},
+    params={name: Param(**spec) for name, spec in run_params.PARAMS_SCHEMA.items()},
     default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
     tags=["rebalance"],
     doc_md=__doc__,
@@ -47,38 +48,38 @@ def rebalance():
     def windows(params=None, dag_run=None, data_interval_start=None, data_interval_end=None) -> dict:
         """Pick the stored histogram windows of this run's data interval and pin their
         Delta version; skip when there are too few valid windows or events."""
-        return pipeline.read_windows(params, dag_run.dag_id, dag_run.run_id, dag_run.run_type,
+        return inputs.read_windows(params, dag_run.dag_id, dag_run.run_id, dag_run.run_type,
                                      data_interval_start, data_interval_end)
 
     @task
     def detect(windows: dict) -> dict:
         """Seed 004 trigger rules on the current assignment (MLDC > 0.5, enough events,
         no plan live in the last 3 periods); skip when balanced unless `force`."""
-        return pipeline.detect(windows)
+        return tasks.detect(windows)
 
     @task
     def plan(detected: dict) -> dict:
         """Compute the new assignment with the chosen `method` and store it as proposed;
         skip when it improves MLDC by no more than 0.3 unless `force`."""
-        return pipeline.plan(detected)
+        return tasks.plan(detected)
 
     @task
     def validate(planned: dict) -> dict:
         """Great Expectations gate: every key once, instances in range, no nulls,
         imbalance <= 1 + theta, migration and table size within bounds. Failing plans
         are stored as rejected and this task fails."""
-        return pipeline.validate(planned)
+        return tasks.validate(planned)
 
     @task
     def publish(validated: dict) -> dict:
         """Store the plan's assignment as a new assignment version (a what-if plan for
         backfill runs and dry-run), with dag, run, plan and metrics in the Delta commit."""
-        return pipeline.publish(validated)
+        return tasks.publish(validated)
 
     @task.branch
     def approval_gate(published: dict) -> str:
         """Ask a person when `require_approval` is set, else go straight to apply."""
-        return "approve" if pipeline.needs_approval(published) else "no_approval_needed"
+        return "approve" if tasks.needs_approval(published) else "no_approval_needed"
 
     approve = ApprovalOperator(
         task_id="approve",
@@ -101,20 +102,20 @@ def rebalance():
     def apply(published: dict) -> dict:
         """Make the published version live (live switch, or controlled restart when
         state must move), under the apply lease; never for backfill or what-if plans."""
-        return pipeline.apply(published)
+        return rollout.apply(published)
 
     @task.sensor(poke_interval=5, timeout=dt.timedelta(hours=2), mode="reschedule")
     def await_restart(applied: dict) -> PokeReturnValue:
         """apply_mode restart: wait for the streaming job to stop, migrate the moved keys'
         state and acknowledge the new version; on failure or timeout restore the previous
         version and fail. Passes through at once for a live switch."""
-        return PokeReturnValue(**pipeline.await_restart(applied))
+        return PokeReturnValue(**rollout.await_restart(applied))
 
     @task.sensor(poke_interval=10, timeout=dt.timedelta(hours=2), mode="poke")
     def verify(applied: dict) -> PokeReturnValue:
         """Wait for the next window(s) under the new assignment and record the realised
         imbalance on the plan; fail when it does not match the prediction."""
-        return PokeReturnValue(**pipeline.verify(applied))
+        return PokeReturnValue(**rollout.verify(applied))
 
     published = publish(validate(plan(detect(windows()))))
     approval_gate(published) >> [approve, no_approval_needed]

@@ -8,7 +8,7 @@ every plan: `propose -> validate (Great Expectations) -> publish -> apply`, unde
 apply lease, with the audit trail in Delta history. `dry_run` stops after publish (a
 what-if plan). Same as `rebalance rollback --to-version V` on the command line.
 
-The work is library code: `rebalance.audit.propose_rollback` and `rebalance.pipeline`.
+The work is library code: `rebalance.control` (rollback, tasks, rollout).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import datetime as dt
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from rebalance import pipeline
+from rebalance.control import rollout, tasks
 
 
 @dag(
@@ -41,22 +41,22 @@ def rebalance_rollback():
     @task
     def propose(params=None) -> dict:
         """Store the plan that restores `to_version` over the live version."""
-        return pipeline.propose_rollback(int(params["to_version"]), bool(params["dry_run"]))
+        return tasks.propose_rollback(int(params["to_version"]), bool(params["dry_run"]))
 
     @task
     def validate(proposed: dict) -> dict:
         """The Great Expectations gate every plan passes."""
-        return pipeline.validate(proposed)
+        return tasks.validate(proposed)
 
     @task
     def publish(validated: dict) -> dict:
         """Store the plan's assignment as published (or what-if for a dry run)."""
-        return pipeline.publish(validated)
+        return tasks.publish(validated)
 
     @task
     def apply(published: dict) -> dict:
         """Make the restored routing live as a new assignment version (skipped for a dry run)."""
-        return pipeline.apply(published)
+        return rollout.apply(published)
 
     apply(publish(validate(propose())))
 

@@ -43,7 +43,7 @@ app = FastAPI(title="Rebalance", description=__doc__.split("\n\n")[0],
 
 
 def _spark():
-    from rebalance.pipeline import spark_session
+    from rebalance.control.inputs import spark_session
 
     if not os.environ.get("REBALANCE_SPARK_REMOTE"):
         raise HTTPException(503, "the Rebalance view reads through the Spark Connect server of "

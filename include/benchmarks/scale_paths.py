@@ -3,7 +3,7 @@
     python include/benchmarks/scale_paths.py [--keys K] [--runs R] [--skip-dag]
                                              [--workdir DIR]
 
-* ``dag``: the DAG's plan path, :func:`rebalance.pipeline.load_problem` on a
+* ``dag``: the DAG's plan path, :func:`rebalance.control.inputs.load_problem` on a
   ``key_histograms`` Delta table of K keys in one window with a routing table of 1 % of
   the keys (real local Spark and Delta, in a temporary data folder): Spark's group-by
   and ``toPandas``, then :func:`rebalance.histograms.build_problem` on that pandas
@@ -75,7 +75,8 @@ def time_dag(workdir: Path, n_keys: int, runs: int, n_instances: int = 64) -> li
     """load_problem on a key_histograms Delta table; Spark started before timing."""
     import pyarrow.parquet as pq
 
-    from rebalance import histograms, pipeline
+    from rebalance import histograms
+    from rebalance.control import inputs as control_inputs
     from rebalance.spark import tables
     from rebalance.spark.session import get_spark
 
@@ -113,7 +114,7 @@ def time_dag(workdir: Path, n_keys: int, runs: int, n_instances: int = 64) -> li
     try:
         for i in range(runs):
             t0 = time.perf_counter()
-            problem, _ = pipeline.load_problem(spark, inputs)
+            problem, _ = control_inputs.load_problem(spark, inputs)
             total = time.perf_counter() - t0
             rows.append({"run": i, "total_s": total, "build_problem_s": spent["build_problem_s"],
                          "spark_s": total - spent["build_problem_s"], "keys": problem.n_keys})

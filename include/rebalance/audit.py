@@ -7,7 +7,7 @@ naming the action, the plan, the DAG run, the method and the metrics.
 
 A rollback restores an earlier assignment version through the path every plan takes:
 it is stored as a plan (method ``rollback``), checked by the same Great Expectations
-gate, published and applied by :mod:`rebalance.pipeline` under the same lease, and
+gate, published and applied by :mod:`rebalance.control` under the same lease, and
 written as a *new* assignment version whose routing table equals the old one's.
 
     rebalance history [--limit 20] [--json]
@@ -19,14 +19,9 @@ cli.py registers both with :func:`add_subcommands`.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from typing import Any
-
-import numpy as np
-
-ROLLBACK_DAG_ID = "rebalance-cli"
 
 
 def add_subcommands(subparsers) -> None:
@@ -56,11 +51,10 @@ def add_subcommands(subparsers) -> None:
 # -------------------------------------------------------------------- history
 def history(args: argparse.Namespace) -> int:
     """Print the plans and assignment versions, newest first, from Delta history."""
+    from .cli import UserError
+    from .control.inputs import spark_session
     from .spark import tables
     from .spark.plan_store import PLANS, PlanStore
-
-    from .cli import UserError
-    from .pipeline import spark_session
 
     if args.limit < 0:  # checked before Spark starts (issue 14)
         raise UserError(f"--limit must be >= 0 (0: all), got {args.limit}")
@@ -138,11 +132,14 @@ def _pct(value) -> str:
 # ------------------------------------------------------------------- rollback
 def rollback(args: argparse.Namespace) -> int:
     """Restore assignment version V as a new version, through validation, publish and apply."""
-    from . import pipeline
-    from .spark.plan_store import PlanStoreError
+    from .control import rollout, tasks
+    from .control.errors import ApplyRefused, PlanRejected
+    from .control.inputs import spark_session
+    from .control.records import PlanStoreError
+    from .control.rollback import propose_rollback
 
     _check_rollback_args(args)
-    spark = pipeline.spark_session()
+    spark = spark_session()
     try:
         payload = propose_rollback(spark, args.to_version, theta=args.theta,
                                    lookback_windows=args.lookback_windows, dry_run=args.dry_run)
@@ -154,14 +151,14 @@ def rollback(args: argparse.Namespace) -> int:
           f"v{payload['inputs']['base_assignment_version']}, {plan['moved_keys']} keys move, "
           f"imbalance {_f(plan['imbalance_before'])} -> {_f(plan['predicted_imbalance'])}")
     try:
-        payload = pipeline.validate(payload)
-        payload = pipeline.publish(payload)
+        payload = tasks.validate(payload)
+        payload = tasks.publish(payload)
         if args.dry_run:
             print(f"dry run: plan {plan['plan_id']} is {payload['plan']['status']}; "
                   "the live assignment is unchanged")
             return 0
-        payload = pipeline.apply(payload)
-    except (pipeline.PlanRejected, pipeline.ApplyRefused) as exc:
+        payload = rollout.apply(payload)
+    except (PlanRejected, ApplyRefused) as exc:
         print(f"rollback refused: {exc}", file=sys.stderr)
         return 1
     print(f"assignment version {payload['plan']['assignment_version']} is live: the routing "
@@ -181,98 +178,3 @@ def _check_rollback_args(args: argparse.Namespace) -> None:
         raise UserError(f"--theta must be a number > 0, got {args.theta}")
     if args.lookback_windows < 1:
         raise UserError(f"--lookback-windows must be >= 1, got {args.lookback_windows}")
-
-
-def propose_rollback(spark, to_version: int, theta: float | None = None,
-                     lookback_windows: int = 6, dry_run: bool = False) -> dict[str, Any]:
-    """Store the plan that restores ``to_version``: returns the payload for validate/publish/apply.
-
-    The plan's frame covers every key of the live and the restored routing tables and of
-    the latest windows; loads and state come from the latest ``lookback_windows`` windows
-    (zero for keys without traffic). Idempotent: the plan id is a hash of the target, the
-    live version and the histogram version, so a repeated command finds the stored plan.
-    """
-    from . import pipeline
-    from .model import Problem, evaluate
-    from .placement import default_instances
-    from .spark import tables
-    from .spark.plan_store import PlanRecord, PlanStatus, PlanStore
-
-    if not tables.exists(spark, tables.ASSIGNMENTS):
-        raise LookupError("no assignments table: nothing was ever published")
-    live_version = tables.latest_assignment_version(spark)
-    if to_version == live_version:
-        raise ValueError(f"assignment version {to_version} is already live")
-    if not 0 <= to_version < live_version:
-        raise LookupError(f"assignment version {to_version} does not exist (live: v{live_version})")
-    try:
-        target = tables.read_assignment(spark, version=to_version)
-    except tables.AssignmentError as exc:
-        raise LookupError(str(exc)) from None
-    live = tables.read_assignment(spark)
-    if live.routing == target.routing:
-        raise ValueError(f"the live assignment v{live_version} already routes exactly as "
-                         f"v{to_version}: nothing to restore")
-    n = live.n_instances
-    loads, states, windows, hist_version = _latest_loads(spark, lookback_windows)
-    keys = np.array(sorted(set(live.routing) | set(target.routing) | set(loads)), dtype=object)
-    default = default_instances(keys, n)
-    current = np.array([live.routing.get(k, d) for k, d in zip(keys, default)], dtype=np.int64)
-    restored = np.array([target.routing.get(k, d) for k, d in zip(keys, default)], dtype=np.int64)
-    problem = Problem(keys=keys, load=np.array([loads.get(k, 0.0) for k in keys]),
-                      state=np.array([states.get(k, 0.0) for k in keys]), current=current,
-                      default=default, n_instances=n)
-    metrics = evaluate(problem, restored).to_dict()
-    bound = theta if theta is not None else max(0.1, metrics["imbalance_after"] - 1 + 1e-6)
-    mode = "dry-run" if dry_run else "auto"
-    params = pipeline.RunParams(theta=bound, max_table=None, migration_budget=None,
-                                apply_mode="auto" if not dry_run else "dry-run", force=True)
-    run = pipeline.RunInfo(ROLLBACK_DAG_ID, f"rollback-to-v{to_version}-from-v{live_version}",
-                           "rollback", None, None)
-    inputs = {"windows": windows, "key_histograms_version": hist_version,
-              "base_assignment_version": live_version, "n_instances": n,
-              "n_keys": int(len(keys)), "total_state": float(problem.state.sum()),
-              "events": 0, "rollback_to": int(to_version)}
-    plan_id = hashlib.sha256(json.dumps(
-        {"rollback_to": to_version, "live": live_version, "histograms": hist_version,
-         "theta": bound, "mode": mode}, sort_keys=True).encode()).hexdigest()[:20]
-    store = PlanStore(spark)
-    record = store.get(plan_id)
-    if record is None:
-        frame = pipeline.assignment_frame(problem, restored)
-        record = store.propose(PlanRecord(
-            plan_id=plan_id, status=PlanStatus.PROPOSED.value, method="rollback",
-            dag_id=run.dag_id, run_id=run.run_id, run_type=run.run_type,
-            params=params.to_dict(), metrics=metrics, inputs=inputs, apply_mode=mode,
-            reasons=[f"rollback to assignment version {to_version}"],
-            base_assignment_version=live_version,
-            predicted_imbalance=float(metrics["imbalance_after"])), frame)
-    return {"run": run.to_dict(), "params": params.to_dict(), "inputs": inputs,
-            "plan": record.summary()}
-
-
-def _latest_loads(spark, lookback: int) -> tuple[dict[str, float], dict[str, float], list[str], int | None]:
-    """Per-key load (cost per window, as in ``rebalance.histograms``) and state of the latest
-    windows, if any."""
-    from pyspark.sql import functions as F
-
-    from .spark import tables
-    from .spark.plan_store import as_utc
-
-    if not tables.exists(spark, tables.KEY_HISTOGRAMS):
-        return {}, {}, [], None
-    version = tables.history(spark, tables.KEY_HISTOGRAMS, limit=1)[0].version
-    df = tables.read(spark, tables.KEY_HISTOGRAMS, version=version)
-    starts = [r.window_start for r in df.select("window_start").distinct()
-              .orderBy(F.col("window_start").desc()).limit(lookback).collect()]
-    if not starts:
-        return {}, {}, [], version
-    pdf = (df.where(F.col("window_start").isin(starts))
-           .groupBy("window_start", "key").agg(F.sum("cost").alias("cost"),
-                                               F.max("state_bytes").alias("state"))
-           .toPandas())
-    load = (pdf.groupby("key")["cost"].sum() / len(starts)).to_dict()
-    state = pdf.sort_values("window_start").groupby("key")["state"].last().to_dict()
-    return ({k: float(v) for k, v in load.items()}, {k: float(v) for k, v in state.items()},
-            sorted(as_utc(s).isoformat() for s in starts), version)
-

@@ -40,6 +40,7 @@ import time
 import numpy as np
 
 from .model import Problem
+from .tolerance import CHECK_TOL, LOAD_TOL
 
 #: First prefix (keys) tried per overloaded instance; grown 4x until it covers the excess.
 _FIRST_PREFIX = 256
@@ -58,22 +59,26 @@ def _ratio(state: np.ndarray, load: np.ndarray) -> np.ndarray:
     return out
 
 
-def _shed_cost(load: np.ndarray, state: np.ndarray, excess: float) -> float:
-    """Fractional knapsack: least state carrying ``excess`` load out of these keys."""
-    ratio = _ratio(state, load)
+def _knapsack_prefix(load: np.ndarray, ratio: np.ndarray,
+                     excess: float) -> tuple[np.ndarray, np.ndarray]:
+    """The fractional knapsack's order, cut short: the keys in increasing ``ratio`` (ties by
+    position, as a full stable sort) and their cumulative load, for the shortest prefix of
+    :data:`_FIRST_PREFIX` keys grown 4x that carries ``excess`` (all keys if none does).
+    Only that prefix is sorted, so a bound at 10^6 keys touches a few thousand."""
     n = len(load)
     k = min(n, _FIRST_PREFIX)
     while True:
-        if k < n:
-            part = np.argpartition(ratio, k - 1)[:k]
-        else:
-            part = np.arange(n)
-        # Stable order of the prefix by ratio (ties by position, as a full sort would).
+        part = np.argpartition(ratio, k - 1)[:k] if k < n else np.arange(n)
         part = part[np.lexsort((part, ratio[part]))]
         cum = np.cumsum(load[part])
         if k >= n or (len(cum) and cum[-1] >= excess):
-            break
+            return part, cum
         k = min(n, 4 * k)
+
+
+def _shed_cost(load: np.ndarray, state: np.ndarray, excess: float) -> float:
+    """Fractional knapsack: least state carrying ``excess`` load out of these keys."""
+    part, cum = _knapsack_prefix(load, _ratio(state, load), excess)
     j = int(np.searchsorted(cum, excess, side="left"))
     full = float(state[part[:j]].sum())
     shed_before = float(cum[j - 1]) if j > 0 else 0.0
@@ -93,7 +98,7 @@ def _overloaded_keys(problem: Problem, max_load: float
     stay = np.flatnonzero(~forced)
     cur = problem.current[stay]
     loads = np.bincount(cur, weights=problem.load[stay], minlength=problem.n_instances)
-    over = np.flatnonzero(loads > max_load * (1 + 1e-12))
+    over = np.flatnonzero(loads > max_load * (1 + LOAD_TOL))
     if len(over) == 0:
         return forced, loads, []
     is_over = np.zeros(len(loads), dtype=bool)
@@ -118,7 +123,7 @@ def migration_lower_bound(problem: Problem, max_load: float,
         return _table_bound(problem, max_load, max_table)
     if problem.n_keys == 0:
         return 0.0
-    if float(problem.load.max()) > max_load * (1 + 1e-12):
+    if float(problem.load.max()) > max_load * (1 + LOAD_TOL):
         return float("inf")
     forced, loads, groups = _overloaded_keys(problem, max_load)
     bound = float(problem.state[forced].sum())
@@ -144,7 +149,7 @@ def table_cannot_bind(problem: Problem, max_load: float, max_table: int) -> bool
     room = int(max_table) - int(((problem.current != problem.default) & ~forced).sum())
     if room < 0:
         return False
-    if float(problem.load.max(initial=0.0)) > max_load * (1 + 1e-12):
+    if float(problem.load.max(initial=0.0)) > max_load * (1 + LOAD_TOL):
         return True  # both bounds are inf
     if sum(len(keys) for _, keys in groups) <= room:
         return True
@@ -152,16 +157,8 @@ def table_cannot_bind(problem: Problem, max_load: float, max_table: int) -> bool
     for d, keys in groups:
         load = problem.load[keys]
         excess = float(loads[d] - max_load)
-        ratio = _ratio(problem.state[keys], load)
         n = len(keys)
-        k = min(n, 256)
-        while True:
-            part = np.argpartition(ratio, k - 1)[:k] if k < n else np.arange(n)
-            part = part[np.argsort(ratio[part], kind="stable")]
-            cum = np.cumsum(load[part])
-            if k >= n or cum[-1] >= excess:
-                break
-            k = min(n, 4 * k)
+        _, cum = _knapsack_prefix(load, _ratio(problem.state[keys], load), excess)
         # Keys the knapsack takes: whole ones, plus the fractional one (ties in the ratio
         # order only change which optimal solution, not how many keys it needs at most k).
         touched += min(n, int(np.searchsorted(cum, excess, side="left")) + 1)
@@ -309,7 +306,7 @@ def _cover(load: np.ndarray, state: np.ndarray, excess: float,
         chosen = None
         if info.primal_solution_status == 2:  # a feasible integer solution
             chosen = np.asarray(h.getSolution().col_value) > 0.5
-            if float(load[chosen].sum()) < excess * (1 - 1e-9):
+            if float(load[chosen].sum()) < excess * (1 - CHECK_TOL):
                 chosen = None
     except Exception:  # any solver failure: the caller keeps the fractional knapsack
         return None, None
@@ -333,7 +330,7 @@ def min_knapsack_cover(load: np.ndarray, state: np.ndarray, excess: float,
 def _greedy_cover(load: np.ndarray, state: np.ndarray, excess: float) -> np.ndarray:
     """A set of keys carrying >= ``excess``: by increasing state per load (a mask)."""
     order = np.lexsort((-load, _ratio(state, load)))
-    take = np.searchsorted(np.cumsum(load[order]), excess * (1 - 1e-12)) + 1
+    take = np.searchsorted(np.cumsum(load[order]), excess * (1 - LOAD_TOL)) + 1
     chosen = np.zeros(len(load), dtype=bool)
     chosen[order[:take]] = True
     return chosen
@@ -358,7 +355,7 @@ def knapsack_covers(problem: Problem, max_load: float,
     cover of all its keys)."""
     if problem.n_keys == 0:
         return 0.0, np.zeros(0, dtype=np.int64), True
-    if float(problem.load.max()) > max_load * (1 + 1e-12):
+    if float(problem.load.max()) > max_load * (1 + LOAD_TOL):
         return float("inf"), np.zeros(0, dtype=np.int64), False
     try:
         import highspy  # noqa: F401

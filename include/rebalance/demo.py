@@ -103,14 +103,15 @@ class Feeder(threading.Thread):
 def main() -> None:
     root = data_dir() / "demo"
     _configure(root)
-    from . import audit, pipeline
+    from . import audit
+    from .control.inputs import spark_session
     from .spark import tables
     from .streaming.generator import EventGenerator, GeneratorConfig, append_batches
     from .streaming.job import JobConfig, start_job
 
     started = time.monotonic()
     print(f"demo data in {root} (fresh); Airflow home {os.environ['AIRFLOW_HOME']}")
-    spark = pipeline.spark_session()
+    spark = spark_session()
     spark.sparkContext.setLogLevel("ERROR")
     t0 = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=30)).replace(second=0, microsecond=0)
     gen_config = GeneratorConfig(
@@ -129,8 +130,8 @@ def main() -> None:
     print(f"generator and streaming job running ({INSTANCES} instances, {WINDOW_SECONDS} s "
           f"windows, event time from {t0:%H:%M}); DAG runs every {INTERVAL.seconds} s of event time\n")
     skips = SkipLog()
-    logging.getLogger("rebalance.pipeline").addHandler(skips)
-    logging.getLogger("rebalance.pipeline").setLevel(logging.INFO)
+    logging.getLogger("rebalance.control").addHandler(skips)
+    logging.getLogger("rebalance.control").setLevel(logging.INFO)
     outcomes = []
     try:
         for k in range(RUNS):
@@ -199,9 +200,9 @@ def _run_dag(end: dt.datetime, skips: SkipLog) -> Outcome:
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags" / "rebalance.py")).dags["rebalance"]
     logical = pendulum.instance(end)
     dr = dag.test(logical_date=logical, run_after=logical, run_conf=RUN_CONF)
-    from . import pipeline
+    from .control.inputs import spark_session
 
-    plan = PlanStore(pipeline.spark_session()).find_for_run(dag.dag_id, dr.run_id)
+    plan = PlanStore(spark_session()).find_for_run(dag.dag_id, dr.run_id)
     return Outcome(dr.run_id, (end - INTERVAL, end), str(getattr(dr.state, "value", dr.state)),
                    list(skips.reasons), plan)
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from .control.records import PlanRecord
 from .spark import tables
-from .spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanRecord, PlanStore
+from .spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
 
 #: Columns of the plan history, in display order.
 PLAN_COLUMNS = (

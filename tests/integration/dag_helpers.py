@@ -36,7 +36,7 @@ def load_dag():
 
 @pytest.fixture(scope="module")
 def dag(spark, airflow_db):
-    from rebalance.pipeline import spark_session
+    from rebalance.control.inputs import spark_session
 
     spark_session()  # the DAG's session settings, for the seeding below too
     return load_dag()
@@ -71,8 +71,8 @@ def traffic(skewed: bool) -> dict[str, int]:
 
 def write_windows(spark, starts, counts, version=0, routing=None):
     """Histogram rows of closed windows, appended as the streaming job appends them."""
+    from rebalance.control.records import as_utc
     from rebalance.spark import tables
-    from rebalance.spark.plan_store import as_utc
 
     default, group = placement()
     routing = routing or {}

@@ -17,10 +17,10 @@ import time
 import pytest
 from dag_helpers import (  # noqa: F401 - dag, data are fixtures
     LIVE,
-    N,
     PAST,
     WINDOW,
     JobStandIn,
+    N,
     dag,
     data,
     interval,
@@ -40,7 +40,8 @@ pytestmark = pytest.mark.slow
 def test_invalid_params_fail_before_any_work(dag, data, spark):
     from airflow.sdk.definitions.param import ParamValidationError
 
-    from rebalance.pipeline import InvalidParams, RunParams
+    from rebalance.control.errors import InvalidParams
+    from rebalance.control.params import RunParams
 
     for conf, message in (
         ({"theta": -1}, "theta"),
@@ -61,7 +62,8 @@ def test_invalid_params_fail_before_any_work(dag, data, spark):
 
 
 def test_balanced_and_thin_intervals_are_skipped(dag, data, spark):
-    from rebalance.pipeline import RunSkipped, read_windows
+    from rebalance.control.errors import RunSkipped
+    from rebalance.control.inputs import read_windows
     from rebalance.spark.plan_store import PlanStore
 
     di = seed_interval(spark, dag, LIVE, traffic(skewed=False))
@@ -129,7 +131,7 @@ def test_skewed_interval_is_planned_validated_applied_and_verified(skewed_run, s
 
 
 def test_rerunning_the_run_gives_the_same_plan_and_no_new_delta_version(dag, skewed_run, spark):
-    from rebalance import pipeline
+    from rebalance.control import inputs, rollout, tasks
     from rebalance.spark.plan_store import PlanStore
 
     dr, _ = skewed_run
@@ -141,12 +143,12 @@ def test_rerunning_the_run_gives_the_same_plan_and_no_new_delta_version(dag, ske
     (plan,) = PlanStore(spark).plans()
     assert plan.plan_id == first.plan_id and plan.status == "verified"
     # Each task function retried on its own input: same answer, still no new version.
-    windows = pipeline.read_windows({"method": "milp"}, dr.dag_id, dr.run_id, "manual",
-                                    dr.data_interval_start, dr.data_interval_end)
-    planned = pipeline.plan(pipeline.detect(windows))
+    windows = inputs.read_windows({"method": "milp"}, dr.dag_id, dr.run_id, "manual",
+                                  dr.data_interval_start, dr.data_interval_end)
+    planned = tasks.plan(tasks.detect(windows))
     assert planned["plan"]["plan_id"] == first.plan_id
-    published = pipeline.publish(pipeline.validate(planned))
-    assert pipeline.apply(published)["plan"]["status"] == "verified"
+    published = tasks.publish(tasks.validate(planned))
+    assert rollout.apply(published)["plan"]["status"] == "verified"
     assert table_versions(spark) == before
 
 
@@ -255,20 +257,6 @@ def execute_run(dag, run_id):
             for ti in dr.get_task_instances(state=[TaskInstanceState.SCHEDULED], session=session):
                 _run_task(ti=ti, task=dag.task_dict[ti.task_id])
         assert dr.state != DagRunState.RUNNING, f"backfill run {run_id} did not finish"
-
-
-def test_plan_id_is_a_hash_of_run_params_and_snapshot():
-    from rebalance.pipeline import RunInfo, RunParams, plan_id_for
-
-    run = RunInfo("rebalance", "scheduled__x", "scheduled", "2026-01-01T00:00:00+00:00",
-                  "2026-01-01T00:10:00+00:00")
-    inputs = {"windows": ["a"], "key_histograms_version": 3, "base_assignment_version": 0,
-              "n_instances": 4, "events": 1}
-    pid = plan_id_for(run, RunParams(), inputs)
-    assert pid == plan_id_for(run, RunParams(), {**inputs, "events": 2})  # not part of the id
-    assert pid != plan_id_for(run, RunParams(theta=0.2), inputs)
-    assert pid != plan_id_for(run, RunParams(), {**inputs, "key_histograms_version": 4})
-    assert len(pid) == 20 and int(pid, 16) >= 0
 
 
 def test_history_and_rollback_through_the_validated_path(skewed_run, spark, capsys):

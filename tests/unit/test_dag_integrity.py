@@ -40,6 +40,11 @@ def test_the_rebalance_params_form(dags):
     assert "milp" in schema["enum"] and "mixed" in schema["enum"]
     assert params.get_param("theta").schema["type"] == "number"
     assert params.get_param("require_approval").schema["type"] == "boolean"
+    from rebalance.control.params import PARAMS_SCHEMA
+
+    # Every run param of the library is on the form, with its default, and nothing else.
+    assert set(params.keys()) == set(PARAMS_SCHEMA)
+    assert {k: params[k] for k in PARAMS_SCHEMA} == {k: v["default"] for k, v in PARAMS_SCHEMA.items()}
 
 
 def test_the_rollback_dag_takes_a_version(dags):

@@ -8,13 +8,8 @@ import pytest
 from helpers_llfd import D1, D2, random_problem, reference_llfd, table_of, worked_example
 from rebalance.model import PlanParams, Problem
 from rebalance.planners import get_planner
-from rebalance.planners.llfd import (
-    CompactKeys,
-    Psi,
-    packing_bound,
-    run_llfd,
-    value_levels,
-)
+from rebalance.planners.compact import CompactKeys, Psi, value_levels
+from rebalance.planners.llfd import packing_bound, run_llfd
 
 TINY = PlanParams(theta=1e-9)
 

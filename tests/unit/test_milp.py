@@ -9,6 +9,7 @@ from helpers_milp import brute_force, make_problem, overload, zipf_problem
 from rebalance.model import PlanningError, PlanParams
 from rebalance.planners import get_planner
 from rebalance.planners import milp
+from rebalance.planners.milp import setting as milp_setting
 
 
 def plan(problem, **params):
@@ -38,7 +39,7 @@ def test_plan_is_the_brute_force_optimum(seed, budget):
     assert got_worst == pytest.approx(worst, abs=1e-9)
     assert got_total == pytest.approx(total, abs=1e-9)
     # The seed-002 distance breaks ties and may buy at most lambda * max(1, theta) of state.
-    slack = milp.DISTANCE_WEIGHT * max(1.0, theta) * problem.state.sum()
+    slack = milp_setting.DISTANCE_WEIGHT * max(1.0, theta) * problem.state.sum()
     assert result.metrics.migration_bytes == pytest.approx(migration, abs=slack + 1e-9)
 
 
@@ -49,7 +50,7 @@ def test_moves_the_cheapest_key_that_restores_the_bound():
     assert result.assignment.tolist() == [0, 1, 0, 1]
     assert result.feasible and result.metrics.migration_bytes == 5
     assert any("hard bound: HiGHS 'Optimal'" in n for n in result.notes)
-    slack = milp.DISTANCE_WEIGHT * problem.state.sum()
+    slack = milp_setting.DISTANCE_WEIGHT * problem.state.sum()
     assert 5 - slack - 1e-9 <= result.solver_bound <= 5
 
 
@@ -120,7 +121,7 @@ def test_warm_start_is_used_and_validated():
 
 def test_falls_back_to_the_start_when_the_solver_finds_nothing(monkeypatch):
     problem = make_problem([5, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 2], 3, drain=(2,))
-    nothing = milp._Outcome("Time limit reached", False, False, np.inf, 0.0, np.inf, 0.1)
+    nothing = milp_setting._Outcome("Time limit reached", False, False, np.inf, 0.0, np.inf, 0.1)
     monkeypatch.setattr(milp, "_solve", lambda *args: nothing)
     result = plan(problem, theta=0.1)
     # The current assignment, the drained instance's key on the least-loaded instance.
@@ -209,7 +210,7 @@ def test_table_bound_gives_the_brute_force_optimum(seed, max_table):
         return  # no plan meets both bounds; the planner reports what it could do
     assert result.feasible, result.notes
     assert result.metrics.table_size <= max_table
-    slack = milp.DISTANCE_WEIGHT * max(1.0, theta) * problem.state.sum()
+    slack = milp_setting.DISTANCE_WEIGHT * max(1.0, theta) * problem.state.sum()
     assert result.metrics.migration_bytes == pytest.approx(best, abs=slack + 1e-9)
     # The exact model's solver bound holds for every plan meeting L_max AND A_max.
     assert result.solver_bound is not None

@@ -25,8 +25,14 @@ import pandas as pd
 
 from ..model import PlanningError, PlanParams
 from .runner import PlannerSpec, parse_planners, replay
-from .workloads import (Trace, histogram_trace, perturbation_trace, read_histograms,
-                        substream_trace, zipf_trace)
+from .workloads import (
+    Trace,
+    histogram_trace,
+    perturbation_trace,
+    read_histograms,
+    substream_trace,
+    zipf_trace,
+)
 
 #: The replay experiments (``rebalance bench`` also has ``scale``, :mod:`.scale`).
 EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb", "replay")

@@ -17,6 +17,8 @@ import numpy as np
 
 from ..model import PlanParams, Problem
 from ..planners.base import Planner, Proposal
+from ..planners.packing import place_forced
+from ..tolerance import CHECK_TOL, LOAD_TOL
 
 
 class FluxPlanner(Planner):
@@ -28,16 +30,7 @@ class FluxPlanner(Planner):
         a = problem.current.copy()
         load, state = problem.load, problem.state
         active = problem.active
-        must = np.flatnonzero(problem.must_move())
-        stay = np.ones(problem.n_keys, dtype=bool)
-        stay[must] = False
-        loads = np.bincount(a[stay], weights=load[stay], minlength=problem.n_instances)
-        loads = loads[:problem.n_instances].astype(np.float64)
-        loads[~active] = np.inf
-        for k in must[np.argsort(-load[must], kind="stable")].tolist():
-            d = int(np.argmin(loads))
-            a[k] = d
-            loads[d] += load[k]
+        _, _, loads = place_forced(problem, a)   # keys of drained instances: least-loaded
         loads[~active] = -np.inf
         low = loads.copy()
         low[~active] = np.inf
@@ -45,12 +38,12 @@ class FluxPlanner(Planner):
         moved = a != problem.current
         n_moved, bytes_moved = int(moved.sum()), float(state[moved].sum())
         key_budget = params.budget_keys
-        byte_budget = np.inf if params.budget_bytes is None else params.budget_bytes * (1 + 1e-9)
+        byte_budget = np.inf if params.budget_bytes is None else params.budget_bytes * (1 + CHECK_TOL)
         moves = 0
         reason = "every instance is within L_max"
         for _ in range(problem.n_keys + 1):
             s = int(np.argmax(loads))
-            if loads[s] <= max_load * (1 + 1e-12):
+            if loads[s] <= max_load * (1 + LOAD_TOL):
                 break
             t = int(np.argmin(low))
             gap = loads[s] - low[t]

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from ..model import PlanningError
-from ..placement import default_instances
 
 
 @dataclass(frozen=True, eq=False)

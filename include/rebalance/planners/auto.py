@@ -54,7 +54,9 @@ import numpy as np
 
 from ..bounds import knapsack_covers
 from ..model import Plan, PlanParams, Problem
+from ..tolerance import CHECK_TOL, LOAD_TOL
 from .base import Planner, Proposal, finish_plan
+from .table_fit import fit_table
 
 #: Mixed or the cover plan within this fraction above the integer lower bound: stop.
 GOOD_ENOUGH = 0.02
@@ -165,7 +167,7 @@ class AutoPlanner(Planner):
                 if cover.metrics.migration_bytes <= (1 + GOOD_ENOUGH) * bound:
                     break
             m = best.metrics
-            if (m.max_load_after <= target * (1 + 1e-9)
+            if (m.max_load_after <= target * (1 + CHECK_TOL)
                     and m.migration_bytes <= (1 + GOOD_ENOUGH) * bound):
                 notes.append(f"kept {_name(best)}: within {GOOD_ENOUGH:.0%} of the integer "
                              f"lower bound ({bound:.0f} bytes) at the best reachable max load")
@@ -173,7 +175,7 @@ class AutoPlanner(Planner):
                                 cover_bound=(target, bound))
         heaviest = float(problem.load.max())
         if (heaviest > problem.max_load(params.theta)
-                and best.metrics.max_load_after <= target * (1 + 1e-9)):
+                and best.metrics.max_load_after <= target * (1 + CHECK_TOL)):
             notes.append(f"kept {_name(best)}: theta is unreachable (a key alone carries "
                          f"{heaviest:.6g}) and this plan already has the least max load any "
                          "plan can have; the MILP could only trade migration, and measured it "
@@ -209,7 +211,8 @@ class AutoPlanner(Planner):
     @staticmethod
     def _polish(problem: Problem, params: PlanParams, start: Plan, seconds: float,
                 bound: float | None, size_seconds: float | None = None) -> Plan:
-        from .milp import MilpPlanner, _max_explicit_keys, _max_returns
+        from .milp import MilpPlanner
+        from .milp.setting import _max_explicit_keys, _max_returns
 
         # Determinism: the model size follows the polish budget (not the time left, which
         # varies), and HiGHS stops at the target or the gap, usually before the deadline.
@@ -267,7 +270,7 @@ def cover_plan(problem: Problem, moving: np.ndarray, max_load: float,
     moving = np.asarray(moving, dtype=np.int64)
     a[moving] = -1
     loads = problem.instance_loads(a)
-    room = np.where(problem.active, max_load * (1 + 1e-12) - loads, -np.inf)
+    room = np.where(problem.active, max_load * (1 + LOAD_TOL) - loads, -np.inf)
     load, state = problem.load, problem.state
     stuck = np.zeros(problem.n_keys, dtype=bool)
 
@@ -359,7 +362,7 @@ def _keys_above(problem: Problem, max_load: float) -> int:
     stay = ~problem.must_move()
     loads = np.bincount(problem.current[stay], weights=problem.load[stay],
                         minlength=problem.n_instances)
-    above = np.flatnonzero(loads > max_load * (1 + 1e-12))
+    above = np.flatnonzero(loads > max_load * (1 + LOAD_TOL))
     return int(np.isin(problem.current[stay], above).sum()) if len(above) else 0
 
 
@@ -396,47 +399,6 @@ def _better(a: Plan, b: Plan) -> bool:
         key_a = (round(ma.imbalance_after, 9), ma.migration_bytes)
         key_b = (round(mb.imbalance_after, 9), mb.migration_bytes)
     return key_a < key_b
-
-
-def fit_table(problem: Problem, params: PlanParams,
-              assignment: np.ndarray) -> tuple[np.ndarray, int]:
-    """Send routing-table keys back to their default instance: for free, then to fit A_max.
-
-    A key goes back only if its default instance is active and stays within
-    L_max = (1 + theta) * mean. First, always, every key the plan moves anyway from one
-    table instance to another (current and planned instance both off the default): going
-    to its default instead costs no migration and shrinks the table. Then, only while
-    the table exceeds A_max: keys the plan moved off their default (going back undoes a
-    move), then current table keys the plan leaves in place, by increasing state. Ties by
-    lower load first (more of them fit), then key index. Returns the new assignment and
-    the number of keys sent back.
-    """
-    a = np.asarray(assignment, dtype=np.int64).copy()
-    table = np.flatnonzero(a != problem.default)
-    limit = params.max_table
-    excess = len(table) - limit if limit is not None else 0
-    if len(table) == 0:
-        return a, 0
-    active = problem.active
-    cur, dft = problem.current[table], problem.default[table]
-    rank = np.where(cur != dft, np.where(a[table] != cur, 0, 2), 1)
-    cost = np.where(rank == 2, problem.state[table], 0.0)
-    order = np.lexsort((table, problem.load[table], cost, rank))
-    loads = problem.instance_loads(a)
-    l_max = problem.max_load(params.theta) * (1 + 1e-12)
-    back = 0
-    for k, r in zip(table[order], rank[order]):
-        if r > 0 and back >= excess:
-            break
-        d = problem.default[k]
-        c = problem.load[k]
-        if not active[d] or loads[d] + c > l_max:
-            continue
-        loads[a[k]] -= c
-        loads[d] += c
-        a[k] = d
-        back += 1
-    return a, back
 
 
 def _summary(plan: Plan) -> str:

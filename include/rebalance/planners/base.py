@@ -10,6 +10,7 @@ import numpy as np
 
 from ..bounds import cover_lower_bound, migration_lower_bound, table_cannot_bind
 from ..model import Metrics, Plan, PlanParams, Problem, evaluate
+from ..tolerance import CHECK_TOL, LOAD_TOL
 
 
 @dataclass
@@ -56,11 +57,11 @@ def check_limits(problem: Problem, params: PlanParams, metrics: Metrics,
     """Reasons the assignment breaks a hard limit (empty when it meets all of them)."""
     reasons = []
     limit = 1.0 + params.theta
-    if metrics.imbalance_after > limit * (1 + 1e-9):
+    if metrics.imbalance_after > limit * (1 + CHECK_TOL):
         reasons.append(f"imbalance {metrics.imbalance_after:.4f} exceeds 1 + theta = {limit:.4f}")
     if params.max_table is not None and metrics.table_size > params.max_table:
         reasons.append(f"table size {metrics.table_size} exceeds max table {params.max_table}")
-    if params.budget_bytes is not None and metrics.migration_bytes > params.budget_bytes * (1 + 1e-9):
+    if params.budget_bytes is not None and metrics.migration_bytes > params.budget_bytes * (1 + CHECK_TOL):
         reasons.append(
             f"migration {metrics.migration_bytes:.0f} bytes exceeds budget {params.budget_bytes:.0f}")
     if params.budget_keys is not None and metrics.moved_keys > params.budget_keys:
@@ -95,7 +96,7 @@ def finish_plan(method: str, problem: Problem, params: PlanParams, proposal: Pro
     notes = list(proposal.notes)
     if cover_bound:
         known = proposal.cover_bound
-        whole = (known[1] if known is not None and abs(known[0] - target) <= 1e-12 * target
+        whole = (known[1] if known is not None and abs(known[0] - target) <= LOAD_TOL * target
                  else cover_lower_bound(problem, target))
         if whole is None:
             notes.append("lower bound: combinatorial (integer cover bound not computed: "

@@ -13,12 +13,11 @@
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from ..model import PlanParams, Problem
 from .base import Planner, Proposal
+from .packing import heaviest_first, place_forced
 
 
 class HashPlanner(Planner):
@@ -28,23 +27,11 @@ class HashPlanner(Planner):
 
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
         a = problem.current.copy()
-        must = problem.must_move()
-        active = problem.active
-        home = must & active[problem.default]
-        a[home] = problem.default[home]
-        rest = np.flatnonzero(must & ~home)
-        if len(rest):
-            placed = ~must | home
-            loads = np.bincount(a[placed], weights=problem.load[placed],
-                                minlength=problem.n_instances).astype(np.float64)
-            loads[~active] = np.inf
-            for k in rest[np.lexsort((rest, -problem.load[rest]))].tolist():
-                a[k] = int(np.argmin(loads))
-                loads[a[k]] += problem.load[k]
+        home, rest, _ = place_forced(problem, a, max_load=np.inf)
         notes = ["hash: no rebalancing, every key stays on its current instance"]
-        if must.any():
-            notes.append(f"{int(home.sum())} key(s) of drained/removed instances go to their "
-                         f"default instance, {len(rest)} (default drained) to the least-loaded "
+        if home or rest:
+            notes.append(f"{home} key(s) of drained/removed instances go to their "
+                         f"default instance, {rest} (default drained) to the least-loaded "
                          "active instance")
         return Proposal(a, notes)
 
@@ -56,13 +43,9 @@ class LptPlanner(Planner):
 
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
         k = problem.n_keys
-        heap = [(0.0, d) for d in np.flatnonzero(problem.active).tolist()]
-        order = np.argsort(-problem.load, kind="stable")
-        targets = []
-        for c in problem.load[order].tolist():
-            level, d = heap[0]
-            targets.append(d)
-            heapq.heapreplace(heap, (level + c, d))
+        order, targets, _ = heaviest_first(problem.load, np.arange(k),
+                                           np.flatnonzero(problem.active),
+                                           np.zeros(problem.n_instances))
         a = np.empty(k, dtype=np.int64)
         a[order] = targets
         moved = int((a != problem.current).sum())

@@ -29,14 +29,15 @@ active instance must move.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..model import PlanParams, Problem
 from ..placement import key_groups
+from ..tolerance import LOAD_TOL
 from .base import Planner, Proposal
+from .packing import heaviest_first
 
 
 @dataclass(frozen=True)
@@ -113,14 +114,10 @@ def balance(load: np.ndarray, owner: np.ndarray, active: np.ndarray, theta: floa
                          theta * mean if capped else np.inf)
     detached = len(queue) - forced
     upper = (1.0 + theta) * mean
-    heap = [(float(loads[j]), int(j)) for j in active]
-    heapq.heapify(heap)
-    overflow = 0
-    for g in sorted(queue, key=lambda g: (-load[g], g)):
-        level, j = heapq.heappop(heap)
-        overflow += int(level + load[g] > upper * (1 + 1e-12))
-        owner[g] = j
-        heapq.heappush(heap, (level + float(load[g]), j))
+    order, targets, before = heaviest_first(load, np.sort(np.asarray(queue, dtype=np.int64)),
+                                            active, loads)
+    owner[order] = targets
+    overflow = int((before + load[order] > upper * (1 + LOAD_TOL)).sum())
     return Balance(owner, detached, forced, overflow, capped)
 
 

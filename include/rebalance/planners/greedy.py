@@ -45,35 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import PlanParams, Problem
+from ..tolerance import CHECK_TOL, LOAD_TOL
 from .base import Planner, Proposal
-
-_REL_TOL = 1e-12
-
-
-def place_forced(problem: Problem, assignment: np.ndarray, max_load: float) -> tuple[int, int]:
-    """Step 1, in place: place the keys that must move, heaviest first, on their default
-    instance when active and within ``max_load``, else on the least-loaded active instance.
-
-    Returns how many went to their default instance and how many to the least-loaded one.
-    """
-    must = problem.must_move()
-    forced = np.flatnonzero(must)
-    if len(forced) == 0:
-        return 0, 0
-    active = problem.active
-    loads = np.bincount(assignment[~must], weights=problem.load[~must],
-                        minlength=problem.n_instances).astype(np.float64)
-    loads[~active] = np.inf
-    to_default = 0
-    for k in forced[np.lexsort((forced, -problem.load[forced]))].tolist():
-        c, target = float(problem.load[k]), int(problem.default[k])
-        if active[target] and loads[target] + c <= max_load * (1 + _REL_TOL):
-            to_default += 1
-        else:
-            target = int(np.argmin(loads))
-        assignment[k] = target
-        loads[target] += c
-    return to_default, len(forced) - to_default
+from .packing import place_forced
 
 
 @dataclass
@@ -93,7 +67,7 @@ class _Usage:
 
     def bytes_left(self) -> float:
         budget = self.params.budget_bytes
-        return np.inf if budget is None else budget * (1 + 1e-9) - self.bytes
+        return np.inf if budget is None else budget * (1 + CHECK_TOL) - self.bytes
 
 
 class _Groups:
@@ -191,7 +165,7 @@ class GreedyPlanner(Planner):
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
         a = problem.current.copy()
         max_load = problem.max_load(params.theta)
-        to_default, to_least = place_forced(problem, a, max_load)
+        to_default, to_least, _ = place_forced(problem, a, max_load)
         notes = ["greedy (seed 004 Sec. 3.3): single keys move from the most loaded instance "
                  "above L_max to the least-loaded one while that lowers the larger of the two "
                  "loads; the key moved is the one closest to half their difference"]
@@ -208,7 +182,7 @@ class GreedyPlanner(Planner):
         after = problem.instance_loads(a)[active].max(initial=0)
         notes.append(f"{moves} move(s): max load {before:.6g} -> {after:.6g} "
                      f"(L_max {max_load:.6g}, mean {problem.mean_load():.6g})")
-        if after <= max_load * (1 + _REL_TOL):
+        if after <= max_load * (1 + LOAD_TOL):
             notes.append("stopped: every instance is within L_max")
         elif binding:
             names = " and ".join(binding)
@@ -220,7 +194,7 @@ class GreedyPlanner(Planner):
         for name, value, limit in (("table size", usage.table, params.max_table),
                                    ("moved keys", usage.moved, params.budget_keys),
                                    ("migration bytes", usage.bytes, params.budget_bytes)):
-            if limit is not None and value > limit * (1 + 1e-9):
+            if limit is not None and value > limit * (1 + CHECK_TOL):
                 notes.append(f"{name} {value:.6g} exceeds its limit {limit:.6g} because keys "
                              "of drained/removed instances had to move")
         return Proposal(a, notes)
@@ -232,12 +206,12 @@ def _redistribute(problem: Problem, a: np.ndarray, max_load: float,
     active = problem.active
     loads = problem.instance_loads(a).astype(np.float64)
     loads[~active] = np.inf
-    tol = _REL_TOL * max(problem.mean_load(), 1e-300)
+    tol = LOAD_TOL * max(problem.mean_load(), 1e-300)
     groups = _Groups(problem, a)
     moves = 0
     while True:
         t = int(np.argmin(loads))
-        over = np.flatnonzero(active & (loads > max_load * (1 + _REL_TOL)))
+        over = np.flatnonzero(active & (loads > max_load * (1 + LOAD_TOL)))
         binding: set[str] = set()
         for s in over[np.lexsort((over, -loads[over]))].tolist():
             key, blocked = groups.best(s, float(loads[s] - loads[t]) - tol, usage)

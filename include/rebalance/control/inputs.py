@@ -1,0 +1,199 @@
+"""The run's input snapshot in Delta: which histogram windows, which versions, what problem.
+
+:func:`read_windows` pins the windows of the run's data interval, the ``key_histograms``
+and base assignment versions; :func:`load_problem` turns the pinned histogram rows
+into the planning problem through :func:`rebalance.histograms.build_problem`, the same
+aggregation as ``rebalance plan``. Spark is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from ..model import PlanningError, Problem
+from .errors import RunSkipped
+from .params import RunInfo, RunParams
+from .records import FRAME_COLUMNS, as_utc
+
+if TYPE_CHECKING:
+    from ..spark.plan_store import PlanStore
+
+log = logging.getLogger(__name__)
+
+
+#: Runtime settings for the control plane's small Delta tables, applied when the session
+#: has none: Delta replays a table's log into 50 partitions by default, which dominates
+#: every read and write of a table of a few KB (measured: 41 s -> 11 s per plan cycle).
+CONTROL_PLANE_CONF = {"spark.databricks.delta.snapshotPartitions": "2"}
+
+
+def spark_session():
+    """The project session (:func:`rebalance.spark.session.get_spark`), tuned for small tables."""
+    from ..spark.session import get_spark
+
+    spark = get_spark("rebalance-dag", conf=CONTROL_PLANE_CONF)
+    for key, value in CONTROL_PLANE_CONF.items():
+        if spark.conf.get(key, None) is None:
+            spark.conf.set(key, value)
+    return spark
+
+
+
+def plan_store(spark=None) -> PlanStore:
+    """The control plane's :class:`~rebalance.spark.plan_store.PlanStore` (on
+    :func:`spark_session` unless a session is given)."""
+    from ..spark.plan_store import PlanStore
+
+    return PlanStore(spark_session() if spark is None else spark)
+
+
+def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: Any,
+                 data_interval_start: Any, data_interval_end: Any) -> dict[str, Any]:
+    """Pick the histogram windows of the run's data interval and pin the input snapshot.
+
+    Returns ``{"run", "params", "inputs"}``; ``inputs`` names the windows, their event
+    count, the ``key_histograms`` Delta version read, the base assignment version and
+    the number of instances. A run that already stored a plan gets that plan's inputs
+    back (so its plan id does not change). Raises :class:`RunSkipped` when there are
+    too few valid windows or events.
+    """
+    p = RunParams.parse(params)
+    run = RunInfo.of(dag_id, run_id, run_type, data_interval_start, data_interval_end)
+    spark = spark_session()
+    stored = plan_store(spark).find_for_run(run.dag_id, run.run_id)
+    if stored is not None:
+        log.info("run %s already stored plan %s: reusing its inputs", run.run_id, stored.plan_id)
+        return {"run": run.to_dict(), "params": p.to_dict(), "inputs": stored.inputs}
+
+    from ..spark import tables
+
+    deadline = time.monotonic() + windows_wait_seconds()
+    while True:
+        # The job creates its tables at start and writes a window once its watermark
+        # passed it: give a starting or lagging job the time the service allows
+        # (REBALANCE_WINDOWS_WAIT_SECONDS) before skipping. Backfills never wait.
+        try:
+            if not tables.exists(spark, tables.ASSIGNMENTS):
+                raise RunSkipped("no assignments table yet (the streaming job creates it at "
+                                 "start): nothing to rebalance")
+            version, windows = _interval_windows(spark, run, p.lookback_windows)
+            valid = [w for w in windows if w["events"] > 0]
+            if len(valid) >= p.min_windows or run.is_backfill or time.monotonic() >= deadline:
+                break
+        except RunSkipped:
+            if run.is_backfill or time.monotonic() >= deadline:
+                raise
+        time.sleep(WINDOWS_POLL_SECONDS)
+    live_version = tables.latest_assignment_version(spark)
+    n_instances = tables.assignments_n_instances(spark)
+    where = f"[{run.data_interval_start}, {run.data_interval_end})"
+    if len(valid) < p.min_windows:
+        raise RunSkipped(f"too few valid windows: {len(valid)} with events in {where}, "
+                         f"{p.min_windows} required")
+    events = int(sum(w["events"] for w in valid))
+    if events < p.min_events:
+        raise RunSkipped(f"too few events: {events} in {len(valid)} windows of {where}, "
+                         f"{p.min_events} required (seed 004 M)")
+    # A backfill replans the past: against the assignment that was live in its windows.
+    base = max(w["assignment_version"] for w in valid) if run.is_backfill else live_version
+    inputs = {
+        "windows": [w["window_start"] for w in valid],
+        "events": events,
+        "key_histograms_version": version,
+        "base_assignment_version": int(base),
+        "n_instances": n_instances,
+    }
+    log.info("windows %s: %d windows, %d events, key_histograms v%d, assignment v%d",
+             where, len(valid), events, version, base)
+    return {"run": run.to_dict(), "params": p.to_dict(), "inputs": inputs}
+
+
+#: How often ``windows`` looks again for the interval's windows while it waits.
+WINDOWS_POLL_SECONDS = 5.0
+
+
+def windows_wait_seconds() -> float:
+    """How long ``windows`` waits for ``min_windows`` windows of the interval to be written
+    before it skips the run (``REBALANCE_WINDOWS_WAIT_SECONDS``, default 0: no wait). The
+    service sets it: a scheduled run starts at the end of its interval, while the job
+    writes the interval's last windows only once its watermark passed them."""
+    import os
+
+    return float(os.environ.get("REBALANCE_WINDOWS_WAIT_SECONDS", "0") or 0)
+
+
+def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dict[str, Any]]]:
+    """Latest key_histograms version and the last ``lookback`` windows starting in the interval."""
+    from pyspark.sql import functions as F
+
+    from ..spark import tables
+
+    if not tables.exists(spark, tables.KEY_HISTOGRAMS):
+        raise RunSkipped(f"no key histograms stored yet at {tables.KEY_HISTOGRAMS.path()}")
+    version = int(tables.history(spark, tables.KEY_HISTOGRAMS, limit=1)[0].version)
+    df = tables.read(spark, tables.KEY_HISTOGRAMS, version=version)
+    if run.end is not None:
+        df = df.where(F.col("window_start") < F.lit(run.end))
+    if run.start is not None and run.start != run.end:
+        df = df.where(F.col("window_start") >= F.lit(run.start))
+    rows = (df.groupBy("window_start")
+            .agg(F.sum("count").alias("events"), F.max("assignment_version").alias("av"))
+            .orderBy(F.col("window_start").desc()).limit(lookback).collect())
+    windows = [{"window_start": as_utc(r.window_start).isoformat(), "events": int(r.events or 0),
+                "assignment_version": int(r.av or 0)} for r in reversed(rows)]
+    return version, windows
+
+
+def load_problem(spark, inputs: Mapping[str, Any]) -> tuple[Problem, dict[str, int]]:
+    """The planning problem of the pinned inputs, and the base routing table.
+
+    The histogram rows of the pinned windows (one Delta version of ``key_histograms``)
+    go through the same aggregation as ``rebalance plan``
+    (:func:`rebalance.histograms.build_problem`): load of a key = its cost per window
+    (mean over the windows, absent = 0), state = the state bytes it held at the close
+    of its latest window (the job's state is the sliding window of its last w windows:
+    seed 003's S(k, w)), current instance = the base assignment version's routing table
+    over the default placement. Keys of the routing table without events are planned too.
+    """
+    from pyspark.sql import functions as F
+
+    from ..histograms import build_problem
+    from ..spark import tables
+
+    windows = list(inputs["windows"])
+    n = int(inputs["n_instances"])
+    df = (tables.read(spark, tables.KEY_HISTOGRAMS, version=int(inputs["key_histograms_version"]))
+          .where(F.col("window_start").isin([as_utc(w) for w in windows]))
+          .groupBy("window_start", "key")
+          .agg(F.sum("count").alias("count"), F.sum("cost").alias("cost"),
+               F.max("state_bytes").alias("state_bytes")))
+    pdf = df.toPandas()
+    if pdf.empty:
+        raise PlanningError(f"no histogram rows in windows {windows}")
+    table = tables.read_assignment(spark, version=int(inputs["base_assignment_version"])).routing
+    routing = pd.DataFrame({"key": list(table), "instance": list(table.values())})
+    problem, _ = build_problem(pdf, n, routing, windows=len(windows))
+    return problem, table
+
+
+def assignment_frame(problem: Problem, assignment: np.ndarray) -> pd.DataFrame:
+    """The per-key frame that is stored and validated for a plan (:data:`FRAME_COLUMNS`)."""
+    a = np.asarray(assignment)
+    frame = pd.DataFrame({
+        "key": problem.keys.astype(str),
+        "instance": a,
+        "current": problem.current,
+        "default": problem.default,
+        "load": problem.load,
+        "state": problem.state,
+        "moved": a != problem.current,
+    })
+    return frame.loc[:, list(FRAME_COLUMNS)]
+
+

@@ -1,0 +1,241 @@
+"""The run's params and identity: the DAG's Params form, the schedule, the plan id.
+
+Pure values (no Spark, no Delta): :class:`RunParams` validates the Params form once,
+:class:`RunInfo` names the DAG run and its data interval, :func:`plan_id_for` hashes
+both with the run's input snapshot into the deterministic plan id.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..model import PlanParams
+from ..planners import METHODS
+from .errors import InvalidParams
+from .records import as_utc, hash_id
+
+DAG_ID = "rebalance"
+APPLY_MODES = ("auto", "broadcast", "restart", "dry-run")
+
+
+#: JSON schema of every run param; the DAG turns each entry into an Airflow ``Param``.
+PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
+    "method": {
+        "default": "mixed", "type": "string", "enum": list(METHODS),
+        "title": "Planning method",
+        "description": "Planner of rebalance.planners (mixed = seed 003 Mixed, milp = seed 002).",
+    },
+    "theta": {
+        "default": 0.1, "type": "number", "exclusiveMinimum": 0, "maximum": 2,
+        "title": "Imbalance bound theta",
+        "description": "Every instance load must be <= (1 + theta) * mean load.",
+    },
+    "max_table": {
+        "default": 3000, "type": ["integer", "null"], "minimum": 0, "maximum": 10_000_000,
+        "title": "Max routing-table size",
+        "description": "Bound on keys routed away from their default instance (null: none).",
+    },
+    "migration_budget": {
+        "default": 0.5, "type": ["number", "null"], "minimum": 0, "maximum": 1,
+        "title": "Migration budget",
+        "description": "Largest fraction of the total state a plan may move (null: none).",
+    },
+    "lookback_windows": {
+        "default": 6, "type": "integer", "minimum": 1, "maximum": 1000,
+        "title": "Windows to look back",
+        "description": "Plan on the last N histogram windows that start in the data interval.",
+    },
+    "min_windows": {
+        "default": 2, "type": "integer", "minimum": 1, "maximum": 1000,
+        "title": "Minimum valid windows",
+        "description": "Skip the run when fewer windows with events are stored.",
+    },
+    "min_events": {
+        "default": 1000, "type": "integer", "minimum": 0,
+        "title": "Minimum events (seed 004 M)",
+        "description": "Skip the run when the windows hold fewer events.",
+    },
+    "apply_mode": {
+        "default": "auto", "type": "string", "enum": list(APPLY_MODES),
+        "title": "Apply mode",
+        "description": "auto: live switch unless state must move, then controlled restart; "
+                       "broadcast: live switch; restart: controlled restart with state "
+                       "migration; dry-run: store a what-if plan, apply nothing.",
+    },
+    "require_approval": {
+        "default": False, "type": "boolean",
+        "title": "Require approval",
+        "description": "Wait for a person to approve or reject the plan in the Airflow UI.",
+    },
+    "force": {
+        "default": False, "type": "boolean",
+        "title": "Force",
+        "description": "Plan even when the seed 004 trigger rules say the job is balanced.",
+    },
+    "verify_windows": {
+        "default": 1, "type": "integer", "minimum": 1, "maximum": 100,
+        "title": "Windows to verify",
+        "description": "Windows processed under the new assignment to compare with the prediction.",
+    },
+    "verify_tolerance": {
+        "default": 0.15, "type": "number", "minimum": 0, "maximum": 10,
+        "title": "Verification tolerance",
+        "description": "Realised imbalance may exceed the predicted one by this much.",
+    },
+    "restart_timeout_minutes": {
+        "default": 15, "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
+        "title": "Restart timeout (minutes)",
+        "description": "apply_mode restart: roll back to the previous assignment version when "
+                       "the job has not acknowledged the restart in time.",
+    },
+    "verify_timeout_minutes": {
+        "default": 30, "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
+        "title": "Verification timeout (minutes)",
+        "description": "Fail verification when no window under the new assignment arrives in time.",
+    },
+}
+
+
+DEFAULT_SCHEDULE = "*/10 * * * *"
+
+
+def timetable(spec: str | None = None):
+    """The DAG's schedule: ``REBALANCE_SCHEDULE`` or ``spec``, default every 10 minutes.
+
+    A cron expression gives clock-aligned intervals (``CronDataIntervalTimetable``); a
+    duration such as ``"30s"``, ``"5m"`` or ``"1h"`` gives intervals of that length
+    (``DeltaDataIntervalTimetable``, used by the demo). Either way each run's data
+    interval is the span of histogram windows it plans on.
+    """
+    import os
+    import re
+
+    from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable
+
+    spec = (spec or os.environ.get("REBALANCE_SCHEDULE") or DEFAULT_SCHEDULE).strip()
+    m = re.fullmatch(r"(\d+)\s*([smh])", spec)
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours"}[m.group(2)]
+        return DeltaDataIntervalTimetable(dt.timedelta(**{unit: int(m.group(1))}))
+    return CronDataIntervalTimetable(spec, timezone="UTC")
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """The run's params, validated once (the DAG's JSON schema checks each alone first)."""
+
+    method: str = "mixed"
+    theta: float = 0.1
+    max_table: int | None = 3000
+    migration_budget: float | None = 0.5
+    lookback_windows: int = 6
+    min_windows: int = 2
+    min_events: int = 1000
+    apply_mode: str = "auto"
+    require_approval: bool = False
+    force: bool = False
+    verify_windows: int = 1
+    verify_tolerance: float = 0.15
+    verify_timeout_minutes: float = 30.0
+    restart_timeout_minutes: float = 15.0
+
+    def __post_init__(self) -> None:
+        # Canonical types, so equal params always hash to the same plan id (30 == 30.0).
+        for name in ("theta", "migration_budget", "verify_tolerance", "verify_timeout_minutes",
+                     "restart_timeout_minutes"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
+        for name in ("max_table", "lookback_windows", "min_windows", "min_events", "verify_windows"):
+            value = getattr(self, name)
+            if isinstance(value, float) and value.is_integer():
+                object.__setattr__(self, name, int(value))
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any]) -> RunParams:
+        """Params from a mapping (Airflow params), with one clear error for bad input."""
+        known = {k: v for k, v in dict(values).items() if k in cls.__dataclass_fields__}
+        try:
+            p = cls(**known)
+        except TypeError as exc:
+            raise InvalidParams(f"invalid params: {exc}") from None
+        p.check()
+        return p
+
+    def check(self) -> None:
+        problems = []
+        if self.method not in METHODS:
+            problems.append(f"method {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.apply_mode not in APPLY_MODES:
+            problems.append(f"apply_mode {self.apply_mode!r} is not one of {', '.join(APPLY_MODES)}")
+        if not (isinstance(self.theta, (int, float)) and 0 < self.theta <= 2):
+            problems.append(f"theta must be in (0, 2], got {self.theta!r}")
+        if self.min_windows > self.lookback_windows:
+            problems.append(f"min_windows ({self.min_windows}) exceeds lookback_windows "
+                            f"({self.lookback_windows}): no run could ever plan")
+        if self.migration_budget is not None and not 0 <= self.migration_budget <= 1:
+            problems.append(f"migration_budget must be a fraction in [0, 1], got {self.migration_budget!r}")
+        if self.max_table is not None and self.max_table < 0:
+            problems.append(f"max_table must be >= 0, got {self.max_table!r}")
+        if problems:
+            raise InvalidParams("invalid params: " + "; ".join(problems))
+
+    def planner_params(self, total_state: float) -> PlanParams:
+        budget = None if self.migration_budget is None else self.migration_budget * total_state
+        return PlanParams(theta=float(self.theta), max_table=self.max_table, budget_bytes=budget)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Who is running: the DAG run's identity and data interval (ISO strings)."""
+
+    dag_id: str
+    run_id: str
+    run_type: str
+    data_interval_start: str | None
+    data_interval_end: str | None
+
+    @classmethod
+    def of(cls, dag_id: str, run_id: str, run_type: Any, start: Any, end: Any) -> RunInfo:
+        run_type = str(getattr(run_type, "value", run_type))
+        iso = (lambda t: as_utc(t).isoformat() if t is not None else None)  # noqa: E731
+        return cls(str(dag_id), str(run_id), run_type, iso(start), iso(end))
+
+    @property
+    def is_backfill(self) -> bool:
+        return self.run_type == "backfill"
+
+    @property
+    def start(self) -> dt.datetime | None:
+        return as_utc(self.data_interval_start)
+
+    @property
+    def end(self) -> dt.datetime | None:
+        return as_utc(self.data_interval_end)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+
+def unpack(payload: Mapping[str, Any]) -> tuple[RunInfo, RunParams]:
+    return RunInfo(**payload["run"]), RunParams(**payload["params"])
+
+
+def plan_id_for(run: RunInfo, params: RunParams, inputs: Mapping[str, Any]) -> str:
+    """Deterministic plan id: hash of the run, its interval, its params and input snapshot."""
+    snapshot = {k: inputs[k] for k in ("windows", "key_histograms_version",
+                                       "base_assignment_version", "n_instances")}
+    payload = {
+        "dag_id": run.dag_id, "run_id": run.run_id,
+        "data_interval": [run.data_interval_start, run.data_interval_end],
+        "params": params.to_dict(), "inputs": snapshot,
+    }
+    return hash_id(payload)
+

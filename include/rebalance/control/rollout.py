@@ -1,0 +1,274 @@
+"""The steps of the ``rebalance`` DAG that touch the live assignment: apply -> await_restart -> verify.
+
+The streaming job routes every micro-batch by the latest version of the ``assignments``
+table (:mod:`rebalance.spark.tables`), so writing a version there *is* the live switch:
+:func:`apply` writes a published plan as the next assignment version under the apply
+lease and refuses a stale plan (one computed against an assignment version that is no
+longer the latest). A controlled restart (``apply_mode`` restart) asks the restartable
+job to migrate the moved keys' state; :func:`await_restart` waits for it and restores
+the previous version on failure. :func:`verify` compares the realised imbalance of the
+next window(s) with the prediction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..model import imbalance
+from .errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
+from .inputs import plan_store, spark_session
+from .params import unpack
+from .records import (
+    APPLY_LEASE,
+    LIVE_STATUSES,
+    PlanRecord,
+    PlanStatus,
+    PlanStoreError,
+    as_utc,
+    utcnow,
+)
+from .tasks import new_routing
+
+log = logging.getLogger(__name__)
+
+APPLY_LEASE_SECONDS = 600
+
+
+def resolve_mode(apply_mode: str) -> str:
+    """The apply mode used: ``auto`` is a live switch with the current streaming job.
+
+    The job re-reads the assignments table every micro-batch, so a new version is a
+    live switch; a moved key restarts its sliding-window state on its new instance (the
+    plan's migration metric counts that state). ``restart`` asks a restartable job
+    (:class:`rebalance.streaming.restart.RestartableJob`, which pins its assignment
+    version) to stop, migrate the state of the moved keys and restart with the new
+    version; :func:`await_restart` waits for its acknowledgement.
+    """
+    return "broadcast" if apply_mode == "auto" else apply_mode
+
+
+def job_name() -> str:
+    """Name of the restartable streaming job the DAG controls (``REBALANCE_JOB_NAME``)."""
+    import os
+
+    return os.environ.get("REBALANCE_JOB_NAME", "keyed")
+
+
+def apply(published: Mapping[str, Any]) -> dict[str, Any]:
+    """Make the published plan live: write its routing table as the next assignment version.
+
+    One Delta commit on ``assignments`` (annotated with dag id, run id, plan id, method
+    and metrics); the streaming job uses it from its next micro-batch on. Holds the
+    apply lease, refuses a stale plan (another version was published since it was
+    computed), and finds its own earlier publish on a retry instead of writing again.
+    Backfill and what-if plans are never applied.
+    """
+    from ..spark import tables
+
+    run, p = unpack(published)
+    plan_id = published["plan"]["plan_id"]
+    spark = spark_session()
+    store = plan_store(spark)
+    record = store.require(plan_id)
+    if record.status in LIVE_STATUSES:
+        return {**published, "plan": record.summary()}
+    if run.is_backfill or record.status == PlanStatus.WHAT_IF.value:
+        raise RunSkipped(f"plan {plan_id} is a what-if plan ({run.run_type} run, apply_mode "
+                         f"{p.apply_mode}): backfill and dry-run never apply")
+    if record.status != PlanStatus.PUBLISHED.value:
+        raise ApplyRefused(f"plan {plan_id} is {record.status}: only a published plan is applied")
+    mode = resolve_mode(p.apply_mode)
+    try:
+        with store.lease(APPLY_LEASE, plan_id, APPLY_LEASE_SECONDS):
+            version, applied_at = published_version(spark, plan_id)
+            if version is None:
+                latest = tables.latest_assignment_version(spark)
+                if latest != record.base_assignment_version:
+                    raise ApplyRefused(
+                        f"stale plan {plan_id}: computed against assignment version "
+                        f"{record.base_assignment_version}, but version {latest} was published "
+                        "since; the next run plans again")
+                routing = new_routing(store, record)
+                version = tables.publish_assignment(
+                    spark, routing, int(record.inputs["n_instances"]),
+                    metadata={"action": "apply", **record.commit_values(), "apply_mode": mode})
+                applied_at = utcnow()
+            if mode == "restart":
+                from ..streaming.restart import request_restart
+
+                # Idempotent: the request id is the plan id (one Delta transaction).
+                request_restart(spark, version, int(record.inputs["n_instances"]),
+                                job=job_name(), request_id=plan_id,
+                                previous_version=record.base_assignment_version)
+            record = store.transition(
+                plan_id, PlanStatus.APPLIED, action="apply", apply_mode=mode,
+                assignment_version=version,
+                verification={"applied_at": applied_at, "mode": mode})
+    except PlanStoreError as exc:
+        raise ApplyRefused(str(exc)) from None
+    log.info("plan %s applied (%s): assignment version %d is live", plan_id, mode, version)
+    return {**published, "plan": record.summary()}
+
+
+def published_version(spark, plan_id: str) -> tuple[int | None, dt.datetime | None]:
+    """The assignment version a plan was published as, from the Delta history (or None)."""
+    from ..spark import tables
+
+    for commit in tables.assignment_history(spark):
+        if commit.metadata.get("plan_id") == plan_id:
+            return int(commit.version), as_utc(commit.timestamp)
+    return None, None
+
+
+def await_restart(applied: Mapping[str, Any]) -> dict[str, Any]:
+    """Wait for the streaming job to acknowledge a controlled restart (``apply_mode`` restart).
+
+    Returns ``{"is_done": True}`` at once for a live switch, and when the job recorded
+    ``acknowledged`` for the plan's restart request (table ``restarts``); ``is_done``
+    False while it is under way (the DAG's sensor pokes again). When the job recorded
+    that the restart failed and was rolled back, or after ``restart_timeout_minutes``
+    (the request is then cancelled, unless the new generation already started), the
+    previous assignment version is restored as a new version (action ``rollback``),
+    the plan is stored as diverged with the reason, and :class:`RestartFailed` fails
+    the task.
+    """
+    from ..streaming.restart import RestartControl
+
+    _, p = unpack(applied)
+    plan_id = applied["plan"]["plan_id"]
+    if applied["plan"].get("apply_mode") != "restart":
+        return {"is_done": True, "xcom_value": applied}
+    spark = spark_session()
+    store = plan_store(spark)
+    record = store.require(plan_id)
+    if record.status == PlanStatus.DIVERGED.value:
+        raise RestartFailed(f"plan {plan_id}: " + "; ".join(record.reasons))
+    control = RestartControl(spark, job_name())
+    status = control.status(plan_id)
+    if status["ok"]:
+        log.info("restart %s acknowledged: assignment version %d live, pause %s s", plan_id,
+                 record.assignment_version, status.get("pause_seconds"))
+        return {"is_done": True, "xcom_value": applied}
+    waited = utcnow() - (record.applied_at or utcnow())
+    if not status["done"] and waited > dt.timedelta(minutes=p.restart_timeout_minutes):
+        control.record(plan_id, "cancelled", reason=f"no acknowledgement after {waited}")
+        status = control.status(plan_id)
+        if not status["cancelled"]:
+            log.info("restart %s timed out but its new generation started: waiting", plan_id)
+            return {"is_done": False, "xcom_value": None}
+        status = {**status, "error": status.get("error") or f"timed out after {waited}"}
+    elif not status["done"]:
+        log.info("waiting for the job to restart with assignment version %d (%s)",
+                 record.assignment_version, status["state"])
+        return {"is_done": False, "xcom_value": None}
+    restored = roll_back_assignment(spark, record)
+    reason = (f"controlled restart failed ({status.get('error') or status['state']}); "
+              f"assignment version {record.base_assignment_version} restored as version "
+              f"{restored}")
+    store.transition(plan_id, PlanStatus.DIVERGED, action="restart-rollback",
+                     reasons=[*record.reasons, reason],
+                     verification={**record.verification, "restart": status["state"],
+                                   "rollback_version": restored})
+    raise RestartFailed(f"plan {plan_id}: {reason}")
+
+
+def roll_back_assignment(spark, record: PlanRecord) -> int:
+    """Publish the plan's base assignment again as the newest version (once per plan)."""
+    from ..spark import tables
+
+    for commit in tables.assignment_history(spark):
+        if commit.metadata.get("rollback_of") == record.plan_id:
+            return int(commit.version)
+    base = tables.read_assignment(spark, version=record.base_assignment_version or 0)
+    return tables.publish_assignment(
+        spark, base.routing, int(record.inputs["n_instances"]),
+        metadata={"action": "rollback", "rollback_of": record.plan_id,
+                  "restores_version": base.version, "dag_id": record.dag_id,
+                  "run_id": record.run_id})
+
+
+# --------------------------------------------------------------------- verify
+def verify(applied: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare the realised imbalance of the next window(s) with the prediction.
+
+    Looks for ``verify_windows`` windows processed entirely under the new assignment
+    version (rows of ``key_histograms`` tagged with it). Returns
+    ``{"is_done": False, ...}`` while they have not arrived (the DAG's sensor pokes
+    again) and fails after ``verify_timeout_minutes``. Records the realised imbalance
+    on the plan: status verified when it is at most predicted + ``verify_tolerance``,
+    otherwise diverged, and the task fails.
+    """
+    _, p = unpack(applied)
+    plan_id = applied["plan"]["plan_id"]
+    spark = spark_session()
+    store = plan_store(spark)
+    record = store.require(plan_id)
+    if record.status in (PlanStatus.VERIFIED.value, PlanStatus.DIVERGED.value):
+        return _verified(record)
+    if record.status != PlanStatus.APPLIED.value:
+        raise RunSkipped(f"plan {plan_id} is {record.status}: nothing was applied to verify")
+    realised, windows = realised_imbalance(spark, record.assignment_version,
+                                           int(record.inputs["n_instances"]), p.verify_windows)
+    if realised is None:
+        waited = utcnow() - (record.applied_at or utcnow())
+        if waited > dt.timedelta(minutes=p.verify_timeout_minutes):
+            raise VerificationFailed(
+                f"plan {plan_id}: no complete window under assignment version "
+                f"{record.assignment_version} after {waited}; is the streaming job running?")
+        log.info("waiting for %d window(s) under assignment version %d (%d so far)",
+                 p.verify_windows, record.assignment_version, len(windows))
+        return {"is_done": False, "xcom_value": None}
+    predicted = float(record.predicted_imbalance)
+    ok = realised <= predicted + p.verify_tolerance
+    status = PlanStatus.VERIFIED if ok else PlanStatus.DIVERGED
+    record = store.transition(
+        plan_id, status, action="verify", realised_imbalance=realised,
+        verification={**record.verification, "windows": windows, "predicted": predicted,
+                      "realised": realised, "tolerance": p.verify_tolerance, "matches": ok})
+    return _verified(record)
+
+
+def _verified(record: PlanRecord) -> dict[str, Any]:
+    if record.status == PlanStatus.DIVERGED.value:
+        raise VerificationFailed(
+            f"plan {record.plan_id}: realised imbalance {record.realised_imbalance:.3f} exceeds "
+            f"the predicted {record.predicted_imbalance:.3f} + tolerance "
+            f"{record.verification.get('tolerance')}")
+    log.info("plan %s verified: realised imbalance %.3f, predicted %.3f", record.plan_id,
+             record.realised_imbalance, record.predicted_imbalance)
+    return {"is_done": True, "xcom_value": record.summary()}
+
+
+def realised_imbalance(spark, version: int, n_instances: int,
+                       n_windows: int) -> tuple[float | None, list[str]]:
+    """Imbalance over the first ``n_windows`` complete windows run under ``version``.
+
+    A window counts when every one of its rows carries ``version`` (the switch did not
+    happen inside it). Returns (None, windows found) while there are not enough.
+    """
+    from pyspark.sql import functions as F
+
+    from ..spark import tables
+
+    df = tables.read(spark, tables.KEY_HISTOGRAMS)
+    per_window = (df.groupBy("window_start")
+                  .agg(F.min("assignment_version").alias("lo"),
+                       F.max("assignment_version").alias("hi"))
+                  .where((F.col("lo") == version) & (F.col("hi") == version))
+                  .orderBy("window_start").limit(n_windows).collect())
+    windows = [as_utc(r.window_start) for r in per_window]
+    if len(windows) < n_windows:
+        return None, [w.isoformat() for w in windows]
+    loads = (df.where(F.col("window_start").isin(windows))
+             .groupBy("instance").agg(F.sum("cost").alias("load")).collect())
+    vector = np.zeros(max(n_instances, 1 + max((int(r.instance) for r in loads), default=0)))
+    for r in loads:
+        vector[int(r.instance)] += float(r.load)
+    active = np.zeros(len(vector), dtype=bool)
+    active[:n_instances] = True
+    return float(imbalance(vector, active)), [w.isoformat() for w in windows]
