@@ -101,47 +101,27 @@ def throughput(spark, work: Path, args) -> dict:
 
 
 def plan_routing(spark, root: str, n_instances: int, theta: float) -> tuple[dict[str, int], str]:
-    """Routing table from the hash run's key histograms: seed 003 Mixed, else LPT of hot keys."""
+    """Routing table from the hash run's key histograms: seed 003 Mixed on the problem every
+    plan uses (:func:`rebalance.histograms.build_problem`: load = cost per window, the mean
+    over the run's windows; state = bytes at the close of the key's latest window). The
+    benchmark once summed the windows' costs: a constant factor on every key (absent =
+    0 in both), so the plan under a relative bound theta is the same."""
     from pyspark.sql import functions as F
 
+    from rebalance.histograms import build_problem
+    from rebalance.model import PlanParams
+    from rebalance.planners import get_planner
     from rebalance.spark import tables
 
-    hist = (tables.read(spark, tables.KEY_HISTOGRAMS, root).groupBy("key")
-            .agg(F.sum("cost").alias("load"), F.max("state_bytes").alias("state"),
-                 F.first("default_instance").alias("default"))
+    rows = (tables.read(spark, tables.KEY_HISTOGRAMS, root).groupBy("window_start", "key")
+            .agg(F.sum("count").alias("count"), F.sum("cost").alias("cost"),
+                 F.max("state_bytes").alias("state_bytes"))
             .toPandas())
-    keys = hist["key"].to_numpy(dtype=object)
-    load = hist["load"].to_numpy(dtype=float)
-    default = hist["default"].to_numpy(dtype=np.int64)
-    try:
-        from rebalance.model import PlanParams, Problem
-        from rebalance.planners import get_planner
-
-        problem = Problem(keys=keys, load=load, state=hist["state"].to_numpy(dtype=float),
-                          current=default, default=default, n_instances=n_instances)
-        assignment = get_planner("mixed").plan(problem, PlanParams(theta=theta)).assignment
-        method = "mixed (rebalance.planners)"
-    except ImportError:
-        assignment = lpt_hot_keys(load, default, n_instances, hot=4 * n_instances)
-        method = "LPT of the hot keys (inline)"
-    routing = {str(k): int(a) for k, a, d in zip(keys, assignment, default) if a != d}
-    return routing, method
-
-
-def lpt_hot_keys(load: np.ndarray, default: np.ndarray, n_instances: int, hot: int) -> np.ndarray:
-    """Place the ``hot`` heaviest keys, heaviest first, on the least-loaded instance,
-    over the load the other keys put on their default instances."""
-    order = np.argsort(-load)
-    assignment = default.copy()
-    hot_keys = order[:hot]
-    rest = np.ones(len(load), dtype=bool)
-    rest[hot_keys] = False
-    loads = np.bincount(default[rest], weights=load[rest], minlength=n_instances)
-    for k in hot_keys:
-        target = int(np.argmin(loads))
-        assignment[k] = target
-        loads[target] += load[k]
-    return assignment
+    problem, _ = build_problem(rows, n_instances, None, windows=max(1, rows["window_start"].nunique()))
+    assignment = get_planner("mixed").plan(problem, PlanParams(theta=theta)).assignment
+    routing = {str(k): int(a) for k, a, d in zip(problem.keys, assignment, problem.default)
+               if a != d}
+    return routing, "mixed (rebalance.planners)"
 
 
 def window_imbalance(spark, root: str, skip_first: int = 1) -> dict:

@@ -1,7 +1,8 @@
 """End-to-end check that Spark, Delta and the project's configuration work here.
 
-Used by ``make demo`` (until the full pipeline exists), by the
-``rebalance_healthcheck`` DAG on Airflow workers, and by the tests.
+Used by the ``rebalance_healthcheck`` DAG on Airflow workers and by
+``tests/integration/test_foundation.py``: a Delta table written twice with commit
+metadata (``userMetadata``), read back with its history.
 """
 
 from __future__ import annotations

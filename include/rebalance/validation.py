@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-ASSIGNMENT_COLUMNS = ("key", "instance", "current", "default", "load", "state", "moved")
+from .control.records import FRAME_COLUMNS
+
+ASSIGNMENT_COLUMNS = FRAME_COLUMNS
 _ROUND = 9  # digits compared when checking reported against recomputed metrics
 
 

@@ -61,6 +61,7 @@ def test_run_params_are_canonical_and_checked_once():
                       ({"apply_mode": "yolo"}, "apply_mode"),
                       ({"min_windows": 9, "lookback_windows": 3}, "min_windows"),
                       ({"migration_budget": 1.5}, "migration_budget"),
+                      ({"restart_above": 2}, "restart_above"),
                       ({"nonsense_type": 1, "theta": "x"}, "theta")):
         with pytest.raises(InvalidParams, match=word):
             RunParams.parse(bad)
@@ -80,3 +81,21 @@ def test_a_plan_record_round_trips_through_its_row():
     assert PlanRecord.from_row(row) == record
     assert as_utc("2026-01-01T00:10:00Z") == t and as_utc(None) is None
     assert to_json({"b": 1, "a": t}) == '{"a":"2026-01-01T00:10:00+00:00","b":1}'
+
+
+def test_apply_mode_auto_restarts_only_when_the_plan_moves_enough_state():
+    from rebalance.control.params import AUTO_RESTART_ABOVE, RunParams
+    from rebalance.control.rollout import resolve_mode
+
+    assert RunParams().apply_mode == "auto" and RunParams().restart_above == AUTO_RESTART_ABOVE
+    # The plans of the demo and of the DAG tests move 1-2 % of the state: live switch.
+    assert resolve_mode("auto", 0.016) == "broadcast"
+    assert resolve_mode("auto", None) == "broadcast" and resolve_mode("auto", 0.0) == "broadcast"
+    assert resolve_mode("auto", AUTO_RESTART_ABOVE) == "broadcast"
+    # A plan that moves more of the state than the threshold: controlled restart.
+    assert resolve_mode("auto", AUTO_RESTART_ABOVE + 1e-6) == "restart"
+    assert resolve_mode("auto", 0.3, restart_above=0.5) == "broadcast"
+    assert resolve_mode("auto", 0.3, restart_above=0.0) == "restart"
+    # Explicit modes are what they say, whatever the plan moves.
+    for mode in ("broadcast", "restart", "dry-run"):
+        assert resolve_mode(mode, 0.9) == mode and resolve_mode(mode, 0.0) == mode

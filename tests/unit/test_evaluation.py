@@ -12,10 +12,8 @@ from rebalance.cli import main
 from rebalance.evaluation.experiments import Settings, build, run, summarise
 from rebalance.evaluation.flux import FluxPlanner
 from rebalance.evaluation.runner import PlannerSpec, interval_problem, parse_planners, replay
-from rebalance.evaluation.workloads import (histogram_trace, perturbation_trace,
-                                            substream_trace, zipf_trace)
+from rebalance.evaluation.workloads import histogram_trace, perturbation_trace, substream_trace, zipf_trace
 from rebalance.model import PlanningError, PlanParams, Problem, evaluate
-
 
 # ------------------------------------------------------------------ workloads
 
@@ -66,8 +64,8 @@ def test_histogram_trace_from_parquet(tmp_path):
     frame = pd.DataFrame(rows)
     path = tmp_path / "hist.parquet"
     frame.to_parquet(path)
-    from rebalance.evaluation.workloads import read_histograms
-    tr = histogram_trace(read_histograms(str(path)), 4)
+    from rebalance.histograms import read_histogram_table
+    tr = histogram_trace(read_histogram_table(str(path)), 4)
     assert tr.load.shape == (3, 20) and tr.state_is_snapshot
     i = list(tr.keys).index("k19")
     assert tr.load[0, i] == 0 and tr.load[2, i] == 10 + 19 * 3

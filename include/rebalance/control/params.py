@@ -18,81 +18,93 @@ from .errors import InvalidParams
 from .records import as_utc, hash_id
 
 DAG_ID = "rebalance"
+#: ``apply_mode=auto``: share of the job's state a plan must move (the state a live switch
+#: drops) before a controlled restart is worth its pause (run param ``restart_above``;
+#: the reasons: :func:`rebalance.control.rollout.resolve_mode`).
+AUTO_RESTART_ABOVE = 0.05
 APPLY_MODES = ("auto", "broadcast", "restart", "dry-run")
 
 
 #: JSON schema of every run param; the DAG turns each entry into an Airflow ``Param``.
+#: Defaults come from :class:`RunParams` (set below it).
 PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
     "method": {
-        "default": "mixed", "type": "string", "enum": list(METHODS),
+        "type": "string", "enum": list(METHODS),
         "title": "Planning method",
         "description": "Planner of rebalance.planners (mixed = seed 003 Mixed, milp = seed 002).",
     },
     "theta": {
-        "default": 0.1, "type": "number", "exclusiveMinimum": 0, "maximum": 2,
+        "type": "number", "exclusiveMinimum": 0, "maximum": 2,
         "title": "Imbalance bound theta",
         "description": "Every instance load must be <= (1 + theta) * mean load.",
     },
     "max_table": {
-        "default": 3000, "type": ["integer", "null"], "minimum": 0, "maximum": 10_000_000,
+        "type": ["integer", "null"], "minimum": 0, "maximum": 10_000_000,
         "title": "Max routing-table size",
         "description": "Bound on keys routed away from their default instance (null: none).",
     },
     "migration_budget": {
-        "default": 0.5, "type": ["number", "null"], "minimum": 0, "maximum": 1,
+        "type": ["number", "null"], "minimum": 0, "maximum": 1,
         "title": "Migration budget",
         "description": "Largest fraction of the total state a plan may move (null: none).",
     },
     "lookback_windows": {
-        "default": 6, "type": "integer", "minimum": 1, "maximum": 1000,
+        "type": "integer", "minimum": 1, "maximum": 1000,
         "title": "Windows to look back",
         "description": "Plan on the last N histogram windows that start in the data interval.",
     },
     "min_windows": {
-        "default": 2, "type": "integer", "minimum": 1, "maximum": 1000,
+        "type": "integer", "minimum": 1, "maximum": 1000,
         "title": "Minimum valid windows",
         "description": "Skip the run when fewer windows with events are stored.",
     },
     "min_events": {
-        "default": 1000, "type": "integer", "minimum": 0,
+        "type": "integer", "minimum": 0,
         "title": "Minimum events (seed 004 M)",
         "description": "Skip the run when the windows hold fewer events.",
     },
     "apply_mode": {
-        "default": "auto", "type": "string", "enum": list(APPLY_MODES),
+        "type": "string", "enum": list(APPLY_MODES),
         "title": "Apply mode",
-        "description": "auto: live switch unless state must move, then controlled restart; "
+        "description": "auto: live switch, or a controlled restart when the plan moves more "
+                       "than restart_above of the job's state (a live switch drops it); "
                        "broadcast: live switch; restart: controlled restart with state "
                        "migration; dry-run: store a what-if plan, apply nothing.",
     },
+    "restart_above": {
+        "type": "number", "minimum": 0, "maximum": 1,
+        "title": "Restart above (apply_mode auto)",
+        "description": "apply_mode auto: controlled restart when the plan moves more than this "
+                       "fraction of the job's state, else live switch.",
+    },
     "require_approval": {
-        "default": False, "type": "boolean",
+        "type": "boolean",
         "title": "Require approval",
         "description": "Wait for a person to approve or reject the plan in the Airflow UI.",
     },
     "force": {
-        "default": False, "type": "boolean",
+        "type": "boolean",
         "title": "Force",
         "description": "Plan even when the seed 004 trigger rules say the job is balanced.",
     },
     "verify_windows": {
-        "default": 1, "type": "integer", "minimum": 1, "maximum": 100,
+        "type": "integer", "minimum": 1, "maximum": 100,
         "title": "Windows to verify",
         "description": "Windows processed under the new assignment to compare with the prediction.",
     },
     "verify_tolerance": {
-        "default": 0.15, "type": "number", "minimum": 0, "maximum": 10,
+        "type": "number", "minimum": 0, "maximum": 10,
         "title": "Verification tolerance",
         "description": "Realised imbalance may exceed the predicted one by this much.",
     },
     "restart_timeout_minutes": {
-        "default": 15, "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
+        "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
         "title": "Restart timeout (minutes)",
         "description": "apply_mode restart: roll back to the previous assignment version when "
                        "the job has not acknowledged the restart in time.",
     },
     "verify_timeout_minutes": {
-        "default": 30, "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
+        "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
         "title": "Verification timeout (minutes)",
         "description": "Fail verification when no window under the new assignment arrives in time.",
     },
@@ -135,6 +147,7 @@ class RunParams:
     min_windows: int = 2
     min_events: int = 1000
     apply_mode: str = "auto"
+    restart_above: float = AUTO_RESTART_ABOVE
     require_approval: bool = False
     force: bool = False
     verify_windows: int = 1
@@ -145,7 +158,7 @@ class RunParams:
     def __post_init__(self) -> None:
         # Canonical types, so equal params always hash to the same plan id (30 == 30.0).
         for name in ("theta", "migration_budget", "verify_tolerance", "verify_timeout_minutes",
-                     "restart_timeout_minutes"):
+                     "restart_timeout_minutes", "restart_above"):
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 object.__setattr__(self, name, float(value))
@@ -178,6 +191,8 @@ class RunParams:
                             f"({self.lookback_windows}): no run could ever plan")
         if self.migration_budget is not None and not 0 <= self.migration_budget <= 1:
             problems.append(f"migration_budget must be a fraction in [0, 1], got {self.migration_budget!r}")
+        if not (isinstance(self.restart_above, float) and 0 <= self.restart_above <= 1):
+            problems.append(f"restart_above must be a fraction in [0, 1], got {self.restart_above!r}")
         if self.max_table is not None and self.max_table < 0:
             problems.append(f"max_table must be >= 0, got {self.max_table!r}")
         if problems:
@@ -189,6 +204,11 @@ class RunParams:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# One set of run defaults: the Params form shows the dataclass's.
+for _name, _spec in PARAMS_SCHEMA.items():
+    _spec["default"] = RunParams.__dataclass_fields__[_name].default
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 from ..model import imbalance
 from .errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
 from .inputs import plan_store, spark_session
-from .params import unpack
+from .params import AUTO_RESTART_ABOVE, unpack
 from .records import (
     APPLY_LEASE,
     LIVE_STATUSES,
@@ -39,17 +39,27 @@ log = logging.getLogger(__name__)
 APPLY_LEASE_SECONDS = 600
 
 
-def resolve_mode(apply_mode: str) -> str:
-    """The apply mode used: ``auto`` is a live switch with the current streaming job.
+def resolve_mode(apply_mode: str, migration_fraction: float | None = None,
+                 restart_above: float = AUTO_RESTART_ABOVE) -> str:
+    """The apply mode used: ``auto`` is a live switch unless the plan moves more than
+    ``restart_above`` of the job's state, then a controlled restart.
 
     The job re-reads the assignments table every micro-batch, so a new version is a
-    live switch; a moved key restarts its sliding-window state on its new instance (the
-    plan's migration metric counts that state). ``restart`` asks a restartable job
+    live switch (``broadcast``); a moved key then restarts its sliding-window state on
+    its new instance: the state a live switch drops is exactly the plan's migration
+    (``migration_fraction`` of the job's state). ``restart`` asks a restartable job
     (:class:`rebalance.streaming.restart.RestartableJob`, which pins its assignment
     version) to stop, migrate the state of the moved keys and restart with the new
-    version; :func:`await_restart` waits for its acknowledgement.
+    version; :func:`await_restart` waits for its acknowledgement. ``auto`` weighs the
+    two: a restart pauses the whole job (7-12 s measured, ``include/docs/restart.md``)
+    to keep the moved keys' state; below :data:`AUTO_RESTART_ABOVE` the state dropped
+    is too small to be worth that pause (the plans of ``make demo`` and of the DAG
+    tests move 1-2 % of the state).
     """
-    return "broadcast" if apply_mode == "auto" else apply_mode
+    if apply_mode != "auto":
+        return apply_mode
+    moved = float(migration_fraction or 0.0)
+    return "restart" if moved > restart_above else "broadcast"
 
 
 def job_name() -> str:
@@ -82,7 +92,8 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
                          f"{p.apply_mode}): backfill and dry-run never apply")
     if record.status != PlanStatus.PUBLISHED.value:
         raise ApplyRefused(f"plan {plan_id} is {record.status}: only a published plan is applied")
-    mode = resolve_mode(p.apply_mode)
+    mode = resolve_mode(p.apply_mode, record.metrics.get("migration_fraction"),
+                        p.restart_above)
     try:
         with store.lease(APPLY_LEASE, plan_id, APPLY_LEASE_SECONDS):
             version, applied_at = published_version(spark, plan_id)

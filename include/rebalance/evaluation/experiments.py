@@ -23,13 +23,13 @@ from typing import Any
 
 import pandas as pd
 
+from ..histograms import read_histogram_table
 from ..model import PlanningError, PlanParams
 from .runner import PlannerSpec, parse_planners, replay
 from .workloads import (
     Trace,
     histogram_trace,
     perturbation_trace,
-    read_histograms,
     substream_trace,
     zipf_trace,
 )
@@ -191,7 +191,7 @@ def quick(settings: Settings) -> list[Point]:
 def replay_points(settings: Settings) -> list[Point]:
     if not settings.histograms or not settings.instances:
         raise PlanningError("replay needs --histograms PATH and --instances N")
-    frame = read_histograms(settings.histograms)
+    frame = read_histogram_table(settings.histograms)
     trace = histogram_trace(frame, settings.instances, name=str(settings.histograms))
     if settings.intervals:
         trace = _first_intervals(trace, settings.intervals)

@@ -200,15 +200,6 @@ def perturbation_trace(n_instances: int = 20, n_groups: int = 400, intervals: in
 
 # --------------------------------------------------------------------------- histograms
 
-def read_histograms(path: str):
-    """A histogram table (Delta directory, Parquet file or directory, or CSV) as rows,
-    through :func:`rebalance.histograms.read_histogram_table` (Spark only for Delta; a
-    pyarrow table for Parquet and CSV, a pandas frame for Delta)."""
-    from ..histograms import read_histogram_table
-
-    return read_histogram_table(path)
-
-
 def histogram_trace(frame, n_instances: int, name: str = "histograms") -> Trace:
     """A trace from histogram rows (pandas frame or pyarrow table): one interval per
     distinct window_start.
