@@ -104,7 +104,8 @@ def _parts(since: dict[str, float]) -> dict[str, float | None]:
             "first_commit": gap(running or written, "acknowledged")}
 
 
-def run_one_k(n_keys: int, restarts: int, seed: int, master: str, work: Path) -> list[dict]:
+def run_one_k(n_keys: int, restarts: int, seed: int, master: str, work: Path,
+              full_restart: bool = False) -> list[dict]:
     """All restarts of one K, in this process (a fresh Spark session)."""
     from rebalance.placement import default_instances
     from rebalance.spark import tables
@@ -128,7 +129,7 @@ def run_one_k(n_keys: int, restarts: int, seed: int, master: str, work: Path) ->
                                              events_per_batch=max(1000, n_keys // 100),
                                              n_instances=N_INSTANCES, seed=seed + 1))
     append_batches(spark, everyone, [0], root)
-    job = RestartableJob(spark, config)
+    job = RestartableJob(spark, config, full_restart=full_restart)
     started = time.perf_counter()
     job.start()
     job.process_all_available()
@@ -238,6 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--master", default="local[2]")
     p.add_argument("--json", help="also write every figure to this file")
+    p.add_argument("--full-restart", action="store_true",
+                   help="every restart on a new checkpoint (stop, read the state back, re-key)")
     p.add_argument("--table", help="print the table of a --json file again, and stop")
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)        # child: one K
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -256,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         work = Path(tempfile.mkdtemp(prefix=f"restart-benchmark-k{args.one}-"))
         try:
-            rows = run_one_k(args.one, args.restarts, args.seed, args.master, work)
+            rows = run_one_k(args.one, args.restarts, args.seed, args.master, work,
+                             args.full_restart)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         Path(args.out).write_text(json.dumps(rows))
@@ -268,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             done = subprocess.run([sys.executable, __file__, "--one", str(n_keys),
                                    "--restarts", str(args.restarts), "--seed", str(args.seed),
-                                   "--master", args.master, "--out", out.name])
+                                   "--master", args.master, "--out", out.name]
+                                  + (["--full-restart"] if args.full_restart else []))
             if done.returncode != 0:
                 print(f"K = {n_keys}: failed (exit {done.returncode})", flush=True)
                 continue
