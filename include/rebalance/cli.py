@@ -24,6 +24,7 @@ from . import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "plan_cli",
     "audit",
+    "apply_cli",
     "evaluation.cli",
     "service",
     "kafka",
