@@ -267,3 +267,4 @@ pub = step("publish", tasks.publish, v)
 a = step("apply", rollout.apply, pub)
 print("STATUS", a["plan"]["status"], a["plan"].get("assignment_version"), flush=True)
 '''
+

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from service_helpers import EventsWriter, Proc, commit_metadata, delta_commits, read_delta
+from service_helpers import (
+    PIPELINE_CHILD, EventsWriter, Proc, commit_metadata, delta_commits, read_delta)
 
 pytestmark = pytest.mark.slow
 
@@ -298,6 +299,87 @@ def test_kill9_of_the_job_twice_mid_batch_loses_and_doubles_nothing(stack):
     print("kill -9 twice:", figures, flush=True)
 
 
+def _assignment_commits(stack: Stack, plan_id: str) -> list[int]:
+    return [v for v, a in delta_commits(stack.tables / "assignments")
+            if commit_metadata(a).get("plan_id") == plan_id]
+
+
+def _plan_row(stack: Stack, plan_id: str) -> dict:
+    t = read_delta(stack.tables / "plans", ["plan_id", "status", "assignment_version"])
+    rows = [r for r in (t.to_pylist() if t is not None else []) if r["plan_id"] == plan_id]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def _lease(stack: Stack) -> dict | None:
+    t = read_delta(stack.tables / "control")
+    rows = [r for r in (t.to_pylist() if t is not None else []) if r["name"] == "apply"]
+    return rows[0] if rows else None
+
+
+def _pipeline(stack: Stack, name: str, run_id: str) -> Proc:
+    """The DAG's task functions in a child process (windows ... apply) on the stack's data."""
+    child = Proc([sys.executable, "-c", PIPELINE_CHILD, "2026-01-01T00:00:00+00:00",
+                  "2026-01-01T00:05:00+00:00", run_id], stack.env, stack.root / f"{name}.log",
+                 cwd=REPO)
+    stack.procs.append(child)
+    return child
+
+
+def _line(child: Proc, prefix: str) -> str | None:
+    return next((x for x in child.output().splitlines() if x.startswith(prefix)), None)
+
+
+def test_kill9_during_apply_then_the_retry_applies_the_same_plan_once(stack):
+    """The Airflow task process killed after it wrote the assignment version and before it
+    recorded the plan as applied: the retry (same run) finds its own version, writes none,
+    records it; the lease, held by the plan, does not block the retry."""
+    if stack.job is None or not stack.job.alive():
+        pytest.skip("needs the running job of the kill -9 test")
+    t0 = time.monotonic()
+    run_id = "manual__faults-apply"
+    before = [v for v, _ in delta_commits(stack.tables / "assignments")]
+    first = _pipeline(stack, "apply-1", run_id)
+
+    def apply_started():
+        if not first.alive():
+            raise AssertionError("the pipeline ended before apply:\n" + first.tail(40))
+        return _line(first, "STEP apply start")
+    stack.wait("the pipeline's apply step", apply_started, START_TIMEOUT + 300, 0.5)
+    plan_id = _line(first, "STEP publish done").split()[-1]
+    stack.wait("the assignment version of the plan",
+               lambda: _assignment_commits(stack, plan_id), 180, 0.05)
+    first.kill9()
+    killed = time.monotonic()
+    versions = _assignment_commits(stack, plan_id)
+    status_after_kill = _plan_row(stack, plan_id)["status"]
+    lease_after_kill = _lease(stack)
+    assert len(versions) == 1
+
+    second = _pipeline(stack, "apply-2", run_id)
+    deadline = time.monotonic() + START_TIMEOUT + 300
+    while second.alive() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not second.alive() and second.popen.returncode == 0, second.tail(40)
+    retried = time.monotonic() - killed
+    assert _line(second, "STEP publish done").split()[-1] == plan_id  # same plan id
+    assert _assignment_commits(stack, plan_id) == versions            # no extra version
+    after = [v for v, _ in delta_commits(stack.tables / "assignments")]
+    assert len(after) == len(before) + 1, (before, after)
+    row = _plan_row(stack, plan_id)
+    assert row["status"] == "applied" and row["assignment_version"] == versions[0], row
+    lease = _lease(stack)
+    assert lease is not None and lease["holder"] is None, lease  # released by the retry
+    figures = {"plan_id": plan_id, "assignment_version": versions[0],
+               "status_after_kill": status_after_kill,
+               "lease_after_kill": None if lease_after_kill is None else
+               {k: str(v) for k, v in lease_after_kill.items()},
+               "seconds_from_kill_to_applied": round(retried, 1),
+               "test_seconds": round(time.monotonic() - t0, 1)}
+    stack.figures["kill9_apply"] = figures
+    print("kill -9 during apply:", figures, flush=True)
+
+
 def test_full_disk_stops_the_job_with_a_clear_error_and_it_resumes_without_loss(stack):
     if not stack.mounted:
         pytest.skip("needs root to mount a size-limited tmpfs under the data folder")
@@ -355,3 +437,4 @@ def test_full_disk_stops_the_job_with_a_clear_error_and_it_resumes_without_loss(
                                     if "No space left on device" in line), None))
     stack.figures["enospc"] = figures
     print("full disk:", figures, flush=True)
+
