@@ -168,7 +168,8 @@ def print_table(scenario: str, summaries: list[dict]) -> None:
     print(f"\n### scenario {scenario}: K={s['n_keys']}, N={s['n_instances']}, zipf={s['zipf']}, "
           f"f={s['fluctuation']}, theta={s['theta']}, A_max={s['max_table']}, "
           f"state window w={s['state_window']}, intervals={summaries[0]['intervals']}"
-          f" (best reachable imbalance max(1, top key / mean), worst interval: {summaries[0]['best_possible']:.4f})")
+          f" (best reachable imbalance max(1, top key / mean), worst interval: "
+          f"{summaries[0]['best_possible']:.4f})")
     print("| planner | max imbalance | mean migration | mean fractional LB | migration/fractional LB | "
           "mean reported LB | migration/reported LB | mean table | "
           "max table | median plan s | max plan s | feasible | base MB | peak MB |")

@@ -135,7 +135,7 @@ def main() -> None:
     outcomes = []
     try:
         for k in range(RUNS):
-            start, end = t0 + k * INTERVAL, t0 + (k + 1) * INTERVAL
+            end = t0 + (k + 1) * INTERVAL
             feeder.target = max(feeder.target, (k + 1) * BATCHES_PER_INTERVAL + 1)
             _wait_for_window(spark, end - dt.timedelta(seconds=WINDOW_SECONDS), feeder)
             skips.reasons.clear()

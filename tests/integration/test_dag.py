@@ -4,9 +4,9 @@ written by Spark, the planning core, and the Great Expectations gate.
 Histogram windows are seeded with Spark in the streaming job's ``key_histograms`` schema;
 for the verify step a small stand-in for the streaming job watches the ``assignments``
 table and, when a version is published, writes the next window processed under it (as
-the job does, from its next micro-batch on). Backfill runs are created by Airflow's own backfill code (what ``airflow backfill
-create`` calls) and executed in-process by the same loop ``dag.test`` uses, since
-``dag.test`` itself only makes manual runs.
+the job does, from its next micro-batch on). Backfill runs are created by Airflow's own
+backfill code (what ``airflow backfill create`` calls) and executed in-process by the
+same loop ``dag.test`` uses, since ``dag.test`` itself only makes manual runs.
 """
 
 from __future__ import annotations

@@ -144,9 +144,9 @@ def test_table_bound_charges_the_table_keys_that_must_go_home():
 def test_finish_plan_skips_the_table_search_only_when_it_cannot_bind(seed):
     """``finish_plan`` reports the table-aware bound; its shortcut (the plain bound when
     the plain LP solution already fits the table) gives the same value as the search."""
+    from rebalance.bounds import table_cannot_bind
     from rebalance.model import PlanParams
     from rebalance.planners import get_planner
-    from rebalance.bounds import table_cannot_bind
 
     rng = np.random.default_rng(2000 + seed)
     n, k = int(rng.integers(2, 6)), int(rng.integers(5, 60))

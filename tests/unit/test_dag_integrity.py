@@ -82,7 +82,8 @@ def test_the_charts_render_loads_and_escape_text():
              "instances": [0, 1], "loads": [[10.0, 30.0], [12.0, 28.0], [20.0, 20.0]],
              "imbalance": [1.5, 1.4, 1.0], "versions": [0, 0, 1]}
     svg = module._loads_chart(loads)
-    assert svg.count("<polyline") == 2 and ">v1</text>" in svg and "imbalance of the latest window 1.000" in svg
+    assert svg.count("<polyline") == 2 and ">v1</text>" in svg
+    assert "imbalance of the latest window 1.000" in svg
     bars = module._bars_chart({"instance": [0, 1], "before": [30.0, 10.0], "after": [20.0, 20.0]})
     assert bars.count("<rect") == 4 and "mean" in bars
     table = module._plans_table([{

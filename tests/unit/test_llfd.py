@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers_llfd import D1, D2, random_problem, reference_llfd, table_of, worked_example
+
 from rebalance.model import PlanParams, Problem
 from rebalance.planners import get_planner
 from rebalance.planners.compact import CompactKeys, Psi, value_levels

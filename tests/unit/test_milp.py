@@ -7,8 +7,7 @@ import pytest
 from helpers_milp import brute_force, make_problem, overload, zipf_problem
 
 from rebalance.model import PlanningError, PlanParams
-from rebalance.planners import get_planner
-from rebalance.planners import milp
+from rebalance.planners import get_planner, milp
 from rebalance.planners.milp import setting as milp_setting
 
 

@@ -15,9 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rebalance.placement import (DEFAULT_KEY_GROUPS, default_instances, group_instances,
-                                 key_groups, padded_buffers, spark_hash_int,
-                                 spark_hash_strings, unaligned_view, utf8_buffers)
+from rebalance.placement import (
+    DEFAULT_KEY_GROUPS,
+    default_instances,
+    group_instances,
+    key_groups,
+    padded_buffers,
+    spark_hash_int,
+    spark_hash_strings,
+    unaligned_view,
+    utf8_buffers,
+)
 
 M = 0xFFFFFFFF
 

@@ -34,18 +34,26 @@ from __future__ import annotations
 
 import json
 import uuid
-from numbers import Integral
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
-    BooleanType, DataType, DoubleType, IntegerType, LongType, StringType, StructField, StructType,
-    TimestampType)
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from ..paths import data_dir
 
