@@ -1,0 +1,271 @@
+"""The keyed job reading a real Kafka broker: exactly once across kill -9, dedup of retries.
+
+The module starts its own single-node KRaft broker (``rebalance.kafka.Broker``, the JARs
+``make setup`` put in ``.jars/kafka-broker``) on a free port of 127.0.0.1 in a temporary
+folder, and stops it at the end (nothing of it is left running).
+
+* ``test_kafka_exactly_once_across_two_kill9``: the generator produces 6 batches to a
+  topic, with a tenth of the events sent twice (a producer's retries) and 5 % malformed;
+  the keyed job (``spark_apps/keyed_job.py --source kafka --dedup``, its own process
+  group) is killed with SIGKILL in the middle of a micro-batch (offsets of batch n
+  written, batch n not committed) twice, then run to the end (availableNow). Results,
+  key and instance histograms equal a pandas recomputation of the unique valid events;
+  the quarantine holds every malformed message sent, with the generator's reasons.
+* ``test_delta_source_drops_duplicates_within_the_watermark``: the same dedup on the
+  Delta source (events appended twice).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+
+class Proc:
+    """A job process in its own group (the Python driver, its JVM, Python workers)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path):
+        self.log = log
+        with log.open("ab") as fh:
+            self.popen = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=env, cwd=str(REPO),
+                                          start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL of the whole group at once, then wait until every member is gone."""
+        self._signal(signal.SIGKILL)
+        self.popen.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while self._group() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.alive() or self._group():
+            self.kill9()
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _group(self) -> list[int]:
+        out = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and os.getpgid(int(d.name)) == self.popen.pid:
+                    out.append(int(d.name))
+            except OSError:
+                continue
+        return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+REPO = Path(__file__).resolve().parents[2]
+N = 2
+W_MS = 10_000
+T0_MS = 1_704_067_200_000
+GEN = dict(n_keys=20, zipf=1.0, events_per_batch=200, batch_seconds=10.0, n_instances=N,
+           malformed_fraction=0.05, seed=11)
+BATCHES = range(6)
+DUPLICATES = 0.1
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    from rebalance.kafka import Broker, BrokerSettings
+
+    port = free_port()
+    while _taken(port + 1):
+        port = free_port()
+    b = Broker(BrokerSettings(dir=tmp_path_factory.mktemp("kafka"), port=port), out=lambda _: None)
+    b.up()
+    try:
+        yield b
+    finally:
+        b.down()
+        assert not b.running()
+        assert not _taken(port) and not _taken(port + 1)
+
+
+def _taken(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _sent(gen, batches, duplicates: float) -> pd.DataFrame:
+    """Every message the generator produced (duplicates included), with the malformed kind."""
+    import numpy as np
+
+    frames = []
+    for b in batches:
+        g = gen.batch(b)
+        events = g.events.assign(kind=g.malformed.values)
+        if duplicates:
+            rng = np.random.default_rng([gen.config.seed, 3, b])
+            events = pd.concat([events, events[rng.random(len(events)) < duplicates]],
+                               ignore_index=True)
+        frames.append(events)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _expected(sent: pd.DataFrame) -> pd.DataFrame:
+    ok = sent[sent.kind.isna()].drop_duplicates("event_id")
+    ms = (pd.to_datetime(ok.event_time).astype("int64") // 1_000_000) - T0_MS
+    return ok.assign(window=(ms // W_MS) * W_MS)
+
+
+def _table(spark, table, root) -> pd.DataFrame:
+    from rebalance.spark import tables
+
+    df = tables.read(spark, table, root).toPandas()
+    if "window_start" in df:
+        df["window"] = (pd.to_datetime(df.window_start).astype("int64") // 1_000_000
+                        - T0_MS).astype("int64")
+    return df
+
+
+def _batches(checkpoint: Path, folder: str) -> list[int]:
+    d = checkpoint / folder
+    return sorted(int(f.name) for f in d.iterdir() if f.name.isdigit()) if d.is_dir() else []
+
+
+def _kill_mid_batch(proc: Proc, checkpoint: Path, after_commits: int, timeout: float = 420) -> int:
+    """SIGKILL the job's group once a batch past ``after_commits`` committed batches has
+    started (its offsets written) and is not committed; return that batch id."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.alive(), proc.log.read_text()[-3000:]
+        offsets, commits = _batches(checkpoint, "offsets"), _batches(checkpoint, "commits")
+        if len(commits) >= after_commits and offsets and offsets[-1] not in commits:
+            proc.kill9()
+            return offsets[-1]
+        time.sleep(0.1)
+    proc.stop()
+    raise AssertionError(f"no micro-batch in flight within {timeout} s")
+
+
+def _check(spark, root: str, sent: pd.DataFrame) -> None:
+    from rebalance.spark import tables
+
+    exp = _expected(sent)
+    res = _table(spark, tables.RESULTS, root)
+    assert not res.duplicated(["batch_id", "key", "window", "instance"]).any()
+    got = res.groupby(["key", "window"])["events"].sum().sort_index()
+    want = exp.groupby(["key", "window"]).size().sort_index()
+    pd.testing.assert_series_equal(got, want, check_names=False)
+    # Closed windows: histograms equal the unique valid events (duplicates dropped).
+    kh = _table(spark, tables.KEY_HISTOGRAMS, root)
+    closed = sorted(kh.window.unique())
+    assert closed, "no window closed"
+    want_closed = exp[exp.window.isin(closed)]
+    pd.testing.assert_series_equal(kh.groupby(["key", "window"])["count"].sum().sort_index(),
+                                   want_closed.groupby(["key", "window"]).size().sort_index(),
+                                   check_names=False)
+    ih = _table(spark, tables.INSTANCE_HISTOGRAMS, root)
+    assert not ih.duplicated(["window", "instance"]).any()
+    pd.testing.assert_series_equal(ih.groupby("window")["events"].sum().sort_index(),
+                                   want_closed.groupby("window").size().sort_index(),
+                                   check_names=False)
+    # Every malformed message is quarantined (retries too: the quarantine keeps what came).
+    q = _table(spark, tables.QUARANTINE, root)
+    bad = sent[sent.kind.notna()]
+    assert sorted(q.event_id.fillna("")) == sorted(bad.event_id.fillna(""))
+    assert (q.set_index("event_id").reason.groupby(level=0).first()
+            == bad.set_index("event_id").kind.groupby(level=0).first()).all()
+
+
+@pytest.mark.slow
+def test_kafka_exactly_once_across_two_kill9(spark, broker, tmp_path):
+    from rebalance.streaming.generator import EventGenerator, GeneratorConfig, produce_batches
+
+    gen = EventGenerator(GeneratorConfig(**GEN))
+    produce_batches(spark, gen, BATCHES, broker.bootstrap, "events", DUPLICATES)
+    sent = _sent(gen, BATCHES, DUPLICATES)
+    assert (sent.event_id.duplicated().sum()) > 50
+
+    root, ckpt = tmp_path / "tables", tmp_path / "checkpoints"
+    argv = [sys.executable, str(REPO / "spark_apps" / "keyed_job.py"), "--source", "kafka",
+            "--bootstrap-servers", broker.bootstrap, "--topic", "events", "--dedup",
+            "--instances", str(N), "--window-seconds", "10", "--windows", "2",
+            "--watermark-seconds", "5", "--max-offsets-per-trigger", "400", "--name", "kt",
+            "--tables-root", str(root), "--checkpoint-root", str(ckpt), "--master", "local[2]"]
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    keyed = ckpt / "kt" / "keyed"
+    killed = []
+    for run in range(2):
+        proc = Proc([*argv, "--trigger-seconds", "0.5"], env, tmp_path / f"job-{run}.log")
+        killed.append(_kill_mid_batch(proc, keyed, after_commits=len(_batches(keyed, "commits")) + 1))
+    assert killed[0] < killed[1]
+    last = Proc(argv, env, tmp_path / "job-final.log")   # availableNow: to the end, then exit
+    try:
+        assert last.popen.wait(timeout=600) == 0, last.log.read_text()[-3000:]
+    finally:
+        last.stop()
+    # The killed batches were replayed (re-run from their offsets), nothing counted twice.
+    _check(spark, str(root), sent)
+
+
+def _generate(root: str, *args: str) -> str:
+    """Run spark_apps/generate_events.py in this process (its session is the tests' one)."""
+    import contextlib
+    import importlib.util
+    import io
+
+    spec = importlib.util.spec_from_file_location("generate_events",
+                                                  REPO / "spark_apps" / "generate_events.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert module.main([
+            "--keys", "20", "--zipf", "1", "--events-per-batch", "200", "--batch-seconds", "10",
+            "--instances", str(N), "--malformed-fraction", "0.05", "--seed", "11",
+            "--tables-root", root, *args]) == 0
+    return out.getvalue()
+
+
+@pytest.mark.slow
+def test_delta_source_drops_duplicates_within_the_watermark(spark, tmp_path):
+    from rebalance.spark import tables
+    from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
+    from rebalance.streaming.job import JobConfig, start_job
+
+    root = str(tmp_path / "tables")
+    gen = EventGenerator(GeneratorConfig(**GEN))
+    batches = range(6)
+    assert append_batches(spark, gen, range(4), root) == [0, 1, 2, 3]
+    # A re-run over batches already in the table says what it did (and writes nothing twice).
+    assert _generate(root, "--start-batch", "0", "--batches", "4").startswith(
+        "appended nothing: batches 0..3 are already in the table")
+    assert _generate(root, "--start-batch", "2", "--batches", "4").startswith(
+        "appended batches 4..5 (2 already in the table, skipped)")
+    sent = _sent(gen, batches, DUPLICATES)
+    retries = sent[sent.event_id.duplicated()].drop(columns="kind")
+    tables.append(spark.createDataFrame(retries, tables.EVENTS.schema), tables.EVENTS, root)
+    config = JobConfig(n_instances=N, window_seconds=10, n_windows=2, watermark_seconds=5,
+                       name="dt", tables_root=root, checkpoint_root=str(tmp_path / "ck"),
+                       dedup=True)
+    job = start_job(spark, config)
+    job.await_termination()
+    # Spark reports the duplicates it dropped (an upper bound: a stage recomputed inside
+    # foreachBatch counts again); the exact check is that every event counts once.
+    dropped = sum(op.get("customMetrics", {}).get("numDroppedDuplicateRows", 0)
+                  for p in job.keyed.recentProgress for op in p["stateOperators"])
+    assert dropped >= int(sent[sent.kind.isna()].event_id.duplicated().sum()) > 0
+    _check(spark, root, sent)
