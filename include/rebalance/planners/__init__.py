@@ -8,24 +8,9 @@ from __future__ import annotations
 
 from importlib import import_module
 
+from ..methods import _REGISTRY, METHODS
 from ..model import PlanningError
 from .base import Planner, Proposal, finish_plan
-
-# name -> "module:Class"; modules are imported on first use.
-_REGISTRY = {
-    "hash": "baselines:HashPlanner",
-    "lpt": "baselines:LptPlanner",
-    "elb": "elb:ElbPlanner",
-    "clb": "clb:ClbPlanner",
-    "milp": "milp:MilpPlanner",
-    "mintable": "llfd:MinTablePlanner",
-    "minmig": "llfd:MinMigPlanner",
-    "mixed": "llfd:MixedPlanner",
-    "greedy": "greedy:GreedyPlanner",
-    "auto": "auto:AutoPlanner",
-}
-
-METHODS = tuple(_REGISTRY)
 
 
 def get_planner(name: str) -> Planner:
