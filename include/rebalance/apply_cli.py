@@ -130,7 +130,7 @@ def apply_plan(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .cli import UserError
-    from .control import rollout, tasks
+    from .control import rollout
     from .control.errors import ApplyRefused, PlanRejected, RunSkipped
     from .control.inputs import assignment_frame, plan_store, spark_session
     from .control.params import RunInfo, RunParams
@@ -191,17 +191,15 @@ def apply_plan(args: argparse.Namespace) -> int:
     payload = {"run": run.to_dict(), "params": params.to_dict(), "inputs": inputs,
                "plan": record.summary()}
     try:
-        payload = tasks.publish(tasks.validate(payload))
-        plan = payload["plan"]
-        if args.dry_run:
-            print(f"dry run: plan {plan_id} passed validation and is stored as "
-                  f"{plan['status']}; the live assignment v{live_version} is unchanged")
-            return 0
-        payload = rollout.apply(payload)
+        payload = rollout.gate_and_apply(payload, dry_run=args.dry_run)
     except (PlanRejected, ApplyRefused, RunSkipped) as exc:
         print(f"rebalance apply: refused: {exc}", file=sys.stderr)
         return 1
     plan = payload["plan"]
+    if args.dry_run:
+        print(f"dry run: plan {plan_id} passed validation and is stored as "
+              f"{plan['status']}; the live assignment v{live_version} is unchanged")
+        return 0
     print(f"plan {plan_id} ({plan['method']}) applied ({plan['apply_mode']}): assignment "
           f"version {plan['assignment_version']} is live; imbalance "
           f"{plan['imbalance_before']:.4f} -> {plan['predicted_imbalance']:.4f} predicted, "

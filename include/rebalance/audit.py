@@ -132,7 +132,7 @@ def _pct(value) -> str:
 # ------------------------------------------------------------------- rollback
 def rollback(args: argparse.Namespace) -> int:
     """Restore assignment version V as a new version, through validation, publish and apply."""
-    from .control import rollout, tasks
+    from .control import rollout
     from .control.errors import ApplyRefused, PlanRejected
     from .control.inputs import spark_session
     from .control.records import PlanStoreError
@@ -151,16 +151,14 @@ def rollback(args: argparse.Namespace) -> int:
           f"v{payload['inputs']['base_assignment_version']}, {plan['moved_keys']} keys move, "
           f"imbalance {_f(plan['imbalance_before'])} -> {_f(plan['predicted_imbalance'])}")
     try:
-        payload = tasks.validate(payload)
-        payload = tasks.publish(payload)
-        if args.dry_run:
-            print(f"dry run: plan {plan['plan_id']} is {payload['plan']['status']}; "
-                  "the live assignment is unchanged")
-            return 0
-        payload = rollout.apply(payload)
+        payload = rollout.gate_and_apply(payload, dry_run=args.dry_run)
     except (PlanRejected, ApplyRefused) as exc:
         print(f"rollback refused: {exc}", file=sys.stderr)
         return 1
+    if args.dry_run:
+        print(f"dry run: plan {plan['plan_id']} is {payload['plan']['status']}; "
+              "the live assignment is unchanged")
+        return 0
     print(f"assignment version {payload['plan']['assignment_version']} is live: the routing "
           f"table of v{args.to_version} (plan {plan['plan_id']})")
     return 0

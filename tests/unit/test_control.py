@@ -20,7 +20,8 @@ for name in ("rebalance", "rebalance_rollback"):
 for name in ("rebalance.model", "rebalance.bounds", "rebalance.placement", "rebalance.histograms",
              "rebalance.validation", "rebalance.trigger", "rebalance.planners",
              "rebalance.control.records", "rebalance.control.params", "rebalance.control.inputs",
-             "rebalance.control.tasks", "rebalance.control.rollout", "rebalance.pipeline"):
+             "rebalance.control.tasks", "rebalance.control.rollout", "rebalance.control.rollback",
+             "rebalance.pipeline", "rebalance.methods", "rebalance.apply_cli", "rebalance.cli"):
     importlib.import_module(name)
 from rebalance.planners import METHODS, get_planner
 for method in METHODS:

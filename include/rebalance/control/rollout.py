@@ -32,7 +32,7 @@ from .records import (
     as_utc,
     utcnow,
 )
-from .tasks import new_routing
+from .tasks import new_routing, publish, validate
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,14 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
         raise ApplyRefused(str(exc)) from None
     log.info("plan %s applied (%s): assignment version %d is live", plan_id, mode, version)
     return {**published, "plan": record.summary()}
+
+
+def gate_and_apply(stored: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
+    """A stored plan through the DAG's path: :func:`~rebalance.control.tasks.validate` ->
+    :func:`~rebalance.control.tasks.publish` -> :func:`apply` (not for a dry run). What the
+    command line runs (``rebalance apply``, ``rebalance rollback``); raises what they raise."""
+    published = publish(validate(stored))
+    return published if dry_run else apply(published)
 
 
 def published_version(spark, plan_id: str) -> tuple[int | None, dt.datetime | None]:
