@@ -248,7 +248,7 @@ import sys
 from rebalance.control import inputs, rollout, tasks
 
 start, end, run_id = sys.argv[1:4]
-params = {"method": "mixed", "theta": 0.5, "max_table": None, "migration_budget": None,
+params = {"method": "mixed", "theta": 0.1, "max_table": None, "migration_budget": None,
           "lookback_windows": 6, "min_windows": 1, "min_events": 1, "apply_mode": "broadcast",
           "require_approval": False, "force": True}
 
@@ -268,3 +268,26 @@ a = step("apply", rollout.apply, pub)
 print("STATUS", a["plan"]["status"], a["plan"].get("assignment_version"), flush=True)
 '''
 
+
+#: ``python -c RUNS_CHILD RUN_ID:START:END ...``: the same steps for several runs in one
+#: process (one JVM); prints ``RESULT <run id> applied <plan id> <version>`` or ``RESULT
+#: <run id> <exception class> <message>`` per run. Windows are waited for 5 s at most.
+RUNS_CHILD = r'''
+import os, sys
+os.environ["REBALANCE_WINDOWS_WAIT_SECONDS"] = "5"
+from rebalance.control import inputs, rollout, tasks
+
+params = {"method": "mixed", "theta": 0.1, "max_table": None, "migration_budget": None,
+          "lookback_windows": 6, "min_windows": 1, "min_events": 1, "apply_mode": "broadcast",
+          "require_approval": False, "force": True}
+for spec in sys.argv[1:]:
+    run_id, start, end = spec.split("|")
+    try:
+        w = inputs.read_windows(params, "rebalance", run_id, "manual", start, end)
+        a = rollout.apply(tasks.publish(tasks.validate(tasks.plan(tasks.detect(w)))))
+        print(f"RESULT {run_id} applied {a['plan']['plan_id']} {a['plan'].get('assignment_version')}",
+              flush=True)
+    except Exception as exc:
+        line = str(exc).replace("\n", " ")
+        print(f"RESULT {run_id} {type(exc).__name__} {line}", flush=True)
+'''
