@@ -1,0 +1,171 @@
+"""Throughput on a Spark standalone cluster: hash placement against a planned assignment.
+
+    python include/benchmarks/throughput_benchmark.py                 # starts its own cluster
+    python include/benchmarks/throughput_benchmark.py --master spark://127.0.0.1:7077
+    python include/benchmarks/throughput_benchmark.py --instances 2 4 --batches 6
+
+A Zipf 1.0 workload with simulated per-event work (``work_us_per_cost``: the operator's
+time follows its load) is generated once into a Delta table. For each N in ``--instances``
+the keyed job runs on the cluster (a master and two workers of one core each, started by
+:mod:`rebalance.cluster` unless ``--master`` is given) over that backlog, one generator
+batch per micro-batch (saturation: every micro-batch has a full batch waiting):
+
+1. under hash placement (no routing table), then
+2. under the assignment planned from that run's key histograms (seed 003 Mixed, theta
+   ``--theta``), published to a fresh copy of the tables.
+
+Sustained events/s = valid events / summed durations of the keyed query's micro-batches
+(the first, warm-up batch excluded). The critical-path ratio is, per window, the largest
+instance's operator time over the mean (median over windows). Prints a table and writes
+``--out`` (JSON, and a PNG bar chart when matplotlib is there).
+
+Wall-clock figures on whatever else the machine runs; the output records the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stream_benchmark import copy_events, plan_routing, run_job, window_imbalance  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--master", help="spark://HOST:PORT of a running cluster (default: start one)")
+    p.add_argument("--instances", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--keys", type=int, default=200)
+    p.add_argument("--events", type=int, default=6000, help="events per generator batch")
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--work-us-per-cost", type=float, default=1000.0)
+    p.add_argument("--theta", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path(".data/benchmarks/throughput"))
+    args = p.parse_args(argv)
+    if min(args.instances) < 1 or args.batches < 2 or args.events < 1 or args.keys < 2:
+        p.error("--instances >= 1, --batches >= 2, --events >= 1, --keys >= 2")
+    return args
+
+
+def measure(spark, work: Path, source: Path, n: int, args) -> dict:
+    from rebalance.placement import default_instances
+    from rebalance.spark import tables
+    from rebalance.streaming.generator import EventGenerator, GeneratorConfig
+    from rebalance.streaming.job import JobConfig
+
+    gen = EventGenerator(_gen_config(args, n))
+    model = np.bincount(default_instances(gen.keys, n), weights=gen.frequencies(0), minlength=n)
+    config = JobConfig(n_instances=n, window_seconds=10.0, n_windows=2, watermark_seconds=5.0,
+                       work_us_per_cost=args.work_us_per_cost, max_files_per_trigger=1)
+    out: dict = {"instances": n, "hash_load_max_over_mean_model": float(model.max() / model.mean())}
+    roots = {name: work / f"n{n}-{name}" for name in ("hash", "planned")}
+    for name, root in roots.items():
+        copy_events(source, root)
+        if name == "planned":
+            routing, method = plan_routing(spark, str(roots["hash"]), n, args.theta)
+            tables.publish_assignment(spark, routing, n, {"method": method}, str(root))
+            out["routing_table_size"] = len(routing)
+        stats = run_job(spark, replace(config, name=f"n{n}{name}", tables_root=str(root),
+                                       checkpoint_root=str(root / "checkpoints")))
+        imbalance = window_imbalance(spark, str(root), skip_first=0)
+        out[name] = {"events_per_second": stats.events_per_second, "events": stats.events,
+                     "seconds": stats.seconds, "wall": stats.wall,
+                     "critical_path_ratio": imbalance["task_ms_max_over_mean_median"],
+                     "load_max_over_mean": imbalance["load_max_over_mean_median"]}
+        print(f"  N={n} {name:7}: {stats.events_per_second:8.0f} events/s, critical path "
+              f"max/mean {imbalance['task_ms_max_over_mean_median']:.2f}, load max/mean "
+              f"{imbalance['load_max_over_mean_median']:.2f} (load average "
+              f"{os.getloadavg()[0]:.1f})", flush=True)
+    out["speedup"] = out["planned"]["events_per_second"] / out["hash"]["events_per_second"]
+    return out
+
+
+def _gen_config(args, n: int):
+    from rebalance.streaming.generator import GeneratorConfig
+
+    return GeneratorConfig(n_keys=args.keys, zipf=1.0, events_per_batch=args.events,
+                           batch_seconds=10.0, n_instances=n, seed=args.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from rebalance.cluster import Cluster, ClusterSettings
+    from rebalance.spark.session import get_spark
+    from rebalance.streaming.generator import EventGenerator, append_batches
+
+    cluster = None
+    with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
+        work = Path(tmp)
+        master = args.master
+        if not master:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            cluster = Cluster(ClusterSettings(dir=work / "cluster", port=port, memory="1500m"))
+            cluster.up()
+            master = cluster.master_url
+        try:
+            spark = get_spark("rebalance-throughput", master=master,
+                              conf={"spark.executor.memory": "1g", "spark.cores.max": "2"})
+            results = []
+            for n in args.instances:
+                source = work / f"events-n{n}"
+                append_batches(spark, EventGenerator(_gen_config(args, n)), range(args.batches),
+                               str(source))
+                results.append(measure(spark, work, source, n, args))
+            spark.stop()
+        finally:
+            if cluster is not None:
+                cluster.down()
+    report = {"master": master, "load_average_at_end": os.getloadavg(), "params": {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "results": results, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "throughput.json").write_text(json.dumps(report, indent=2))
+    print("\n| N | hash load max/mean (model) | hash events/s | planned events/s | speedup "
+          "| critical path hash | critical path planned |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['instances']} | {r['hash_load_max_over_mean_model']:.2f} | "
+              f"{r['hash']['events_per_second']:.0f} | {r['planned']['events_per_second']:.0f} | "
+              f"{r['speedup']:.2f}x | {r['hash']['critical_path_ratio']:.2f} | "
+              f"{r['planned']['critical_path_ratio']:.2f} |")
+    _plot(results, args.out / "throughput.png")
+    print(f"\nwritten {args.out / 'throughput.json'}")
+    return 0
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    x = np.arange(len(results))
+    ax.bar(x - 0.2, [r["hash"]["events_per_second"] for r in results], 0.4, label="hash")
+    ax.bar(x + 0.2, [r["planned"]["events_per_second"] for r in results], 0.4, label="planned")
+    ax.set_xticks(x, [f"N = {r['instances']}" for r in results])
+    ax.set_ylabel("events/s (sustained)")
+    ax.set_title("Keyed job on a 2-worker standalone cluster")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
