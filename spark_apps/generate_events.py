@@ -20,8 +20,15 @@ import sys
 from rebalance.spark.tables import EVENTS, TableError, ensure_table
 from rebalance.streaming.apps import add_spark_options, spark_from_args
 from rebalance.streaming.generator import (
-    EventGenerator, GeneratorConfig, GeneratorError, append_batches, follow, follow_start,
-    next_batch, produce_batches)
+    EventGenerator,
+    GeneratorConfig,
+    GeneratorError,
+    append_batches,
+    follow,
+    follow_start,
+    next_batch,
+    produce_batches,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

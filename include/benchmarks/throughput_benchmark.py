@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def measure(spark, work: Path, source: Path, n: int, args) -> dict:
     from rebalance.placement import default_instances
     from rebalance.spark import tables
-    from rebalance.streaming.generator import EventGenerator, GeneratorConfig
+    from rebalance.streaming.generator import EventGenerator
     from rebalance.streaming.job import JobConfig
 
     gen = EventGenerator(_gen_config(args, n))

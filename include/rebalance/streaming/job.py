@@ -28,10 +28,10 @@ so each output row is written exactly once, across failures and restarts.
 from __future__ import annotations
 
 import math
-from numbers import Integral
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -42,8 +42,14 @@ from ..paths import data_dir
 from ..spark import tables
 from ..spark.tables import RAW_EVENT_DDL
 from .processor import (
-    HANDOFF_COLUMNS_DDL, INSTANCE_HISTOGRAM, KEY_HISTOGRAM, OUTPUT_DDL, RESULT,
-    KeyedWindowProcessor, ProcessorSettings)
+    HANDOFF_COLUMNS_DDL,
+    INSTANCE_HISTOGRAM,
+    KEY_HISTOGRAM,
+    OUTPUT_DDL,
+    RESULT,
+    KeyedWindowProcessor,
+    ProcessorSettings,
+)
 from .routing import route
 
 #: Columns of a handoff row besides the operator's input columns (NULL on event rows).
