@@ -3,7 +3,7 @@ the plugins folder is on its ``sys.path``).
 
 Only the scheduler acts on it: before its LocalExecutor forks worker processes, it imports
 the task library and its heavy dependencies once (pandas, numpy, the Spark Connect
-client, Great Expectations, :mod:`rebalance.pipeline`). Every task process is a fork of
+client, Great Expectations, :mod:`rebalance.control`). Every task process is a fork of
 such a worker, so it starts with them imported instead of paying 5-10 s of imports per
 task (the same idea as Airflow's own ``parsing_pre_import_modules`` for DAG parsing).
 Other Airflow processes (api-server, dag-processor, triggerer, the CLI) are untouched.
@@ -17,7 +17,7 @@ import sys
 
 PRELOAD = (
     "pandas", "numpy", "pyarrow", "pyspark.sql.connect.session", "great_expectations",
-    "great_expectations.expectations", "rebalance.pipeline", "rebalance.validation",
+    "great_expectations.expectations", "rebalance.control.tasks", "rebalance.control.rollout", "rebalance.validation",
     "rebalance.planners", "rebalance.streaming.restart",
 )
 

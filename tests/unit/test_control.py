@@ -21,7 +21,7 @@ for name in ("rebalance.model", "rebalance.bounds", "rebalance.placement", "reba
              "rebalance.validation", "rebalance.trigger", "rebalance.planners",
              "rebalance.control.records", "rebalance.control.params", "rebalance.control.inputs",
              "rebalance.control.tasks", "rebalance.control.rollout", "rebalance.control.rollback",
-             "rebalance.pipeline", "rebalance.methods", "rebalance.apply_cli", "rebalance.cli"):
+             "rebalance.methods", "rebalance.apply_cli", "rebalance.cli"):
     importlib.import_module(name)
 from rebalance.planners import METHODS, get_planner
 for method in METHODS:
