@@ -8,7 +8,7 @@ Input rows (one or more per window and key) have the columns
   ``instance, default_instance, key_group, partition_id, assignment_version, batch_id``)
   is ignored.
 
-Aggregation (the same choices as :func:`rebalance.pipeline.load_problem`):
+Aggregation (the same choices as :func:`rebalance.control.inputs.load_problem`):
 
 * several rows of one (window, key) are merged: ``count`` and ``cost`` are summed,
   ``state_bytes`` takes the maximum (rows of one window are partial reports of the
