@@ -39,6 +39,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .methods import METHODS
+
 PLAN_FILE = "plan.json"
 ASSIGNMENT_FILE = "assignment.parquet"
 FORMAT_VERSION = 1
@@ -58,8 +60,7 @@ def add_subcommands(subparsers) -> None:
                    help="current assignment (Parquet or CSV with columns key, instance); "
                         "unlisted keys are on their default placement")
     p.add_argument("--method", default="auto", metavar="M",
-                   help="planner (default auto): hash, lpt, elb, clb, milp, mintable, minmig, "
-                        "mixed, greedy, auto")
+                   help=f"planner (default auto): {', '.join(METHODS)}")
     p.add_argument("--theta", type=float, default=0.08, metavar="T",
                    help="imbalance bound: every instance load <= (1 + T) * mean (default 0.08)")
     p.add_argument("--max-table", type=int, default=None, metavar="A",
@@ -142,7 +143,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def _run_plan(args: argparse.Namespace) -> int:
     from .cli import UserError
     from .model import PlanParams, PlanningError
-    from .planners import METHODS, get_planner
+    from .planners import get_planner
 
     _check_args(args)
     if args.method not in METHODS:

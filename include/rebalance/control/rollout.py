@@ -38,6 +38,13 @@ log = logging.getLogger(__name__)
 
 APPLY_LEASE_SECONDS = 600
 
+#: The job is taken for down when its ``results`` table has no commit for this long
+#: (``REBALANCE_JOB_STALE_SECONDS``). The job commits ``results`` on every micro-batch
+#: with events (every 10 s under ``make up``; 30-90 s measured on a loaded 2-core
+#: machine), so 5 minutes without one means it stopped, or no event arrives: either
+#: way a new routing would not be used or checked.
+JOB_STALE_SECONDS = 300.0
+
 
 def resolve_mode(apply_mode: str, migration_fraction: float | None = None,
                  restart_above: float = AUTO_RESTART_ABOVE) -> str:
@@ -60,6 +67,38 @@ def resolve_mode(apply_mode: str, migration_fraction: float | None = None,
         return apply_mode
     moved = float(migration_fraction or 0.0)
     return "restart" if moved > restart_above else "broadcast"
+
+
+def job_stale_seconds() -> float:
+    import os
+
+    raw = os.environ.get("REBALANCE_JOB_STALE_SECONDS", "")
+    try:
+        value = float(raw) if raw else JOB_STALE_SECONDS
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ApplyRefused(f"REBALANCE_JOB_STALE_SECONDS must be a number of seconds > 0, "
+                           f"got {raw!r}")
+    return value
+
+
+def job_down_reason(spark) -> str | None:
+    """Why the streaming job looks down: its newest ``results`` commit is older than
+    :func:`job_stale_seconds` (None when it is recent). A store without a ``results``
+    table (histograms written by other means, as in the DAG tests) is not checked."""
+    from ..spark import tables
+
+    if not tables.exists(spark, tables.RESULTS):
+        return None
+    newest = tables.history(spark, tables.RESULTS, limit=1)[0].timestamp
+    now = spark.sql("SELECT current_timestamp() AS now").first()[0]
+    age = (now - newest).total_seconds()
+    limit = job_stale_seconds()
+    if age <= limit:
+        return None
+    return (f"the streaming job looks down: its last results commit is {age:.0f} s old "
+            f"(> {limit:.0f} s, REBALANCE_JOB_STALE_SECONDS); nothing is applied")
 
 
 def job_name() -> str:
@@ -94,6 +133,10 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
         raise ApplyRefused(f"plan {plan_id} is {record.status}: only a published plan is applied")
     mode = resolve_mode(p.apply_mode, record.metrics.get("migration_fraction"),
                         p.restart_above)
+    if published_version(spark, plan_id)[0] is None:  # not a retry of a done publish
+        down = job_down_reason(spark)
+        if down:
+            raise RunSkipped(f"plan {plan_id}: {down}")
     try:
         with store.lease(APPLY_LEASE, plan_id, APPLY_LEASE_SECONDS):
             version, applied_at = published_version(spark, plan_id)

@@ -32,7 +32,9 @@ id, run id, plan id, method, metrics, ...): the Delta history of ``plans`` and
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,6 +56,8 @@ from ..control.records import (
 )
 from . import tables
 from .tables import Table
+
+log = logging.getLogger(__name__)
 
 PLANS = Table(
     "plans",
@@ -102,6 +106,17 @@ def delta_txn(spark, app_id: str | None, version: int | None, metadata: str | No
         finally:
             for key in confs:
                 spark.conf.unset(key)
+
+
+#: An UPDATE of ``plans`` that loses Delta's optimistic-concurrency check to another
+#: run's commit (two runs at once) is re-read and retried, with back-off, this many times.
+CONFLICT_RETRIES = 4
+CONFLICT_BACKOFF_SECONDS = 0.5
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of Delta's concurrent-commit conflicts (classic or Connect)."""
+    return "Concurrent" in f"{type(exc).__name__} {str(exc)[:500]}"
 
 
 def _sql_str(value: Any) -> str:
@@ -202,6 +217,19 @@ class PlanStore:
         record is returned and nothing is written (Delta would skip the commit anyway:
         its ``txnVersion`` is not above the last one of this plan).
         """
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                return self._transition_once(plan_id, status, action, changes)
+            except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
+                if not is_conflict(exc) or attempt == CONFLICT_RETRIES:
+                    raise
+                log.info("plans: concurrent commit while moving %s to %s, retry %d",
+                         plan_id, status.value, attempt + 1)
+                time.sleep(CONFLICT_BACKOFF_SECONDS * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _transition_once(self, plan_id: str, status: PlanStatus, action: str,
+                         changes: dict[str, Any]) -> PlanRecord:
         record = self.require(plan_id)
         if STATUS_ORDER[PlanStatus(record.status)] >= STATUS_ORDER[status]:
             return record
@@ -258,7 +286,7 @@ class PlanStore:
                     "holder": holder, "acquired_at": now,
                     "expires_at": now + dt.timedelta(seconds=ttl_seconds)}, self.root)
         except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
-            if "Concurrent" not in f"{type(exc).__name__} {str(exc)[:500]}":
+            if not is_conflict(exc):
                 raise
         return self.lease_holder(name) == holder
 
