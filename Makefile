@@ -54,6 +54,7 @@ $(AIRFLOW_HOME)/.initialised: $(VENV)/.installed
 	touch $@
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup

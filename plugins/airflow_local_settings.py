@@ -17,8 +17,8 @@ import sys
 
 PRELOAD = (
     "pandas", "numpy", "pyarrow", "pyspark.sql.connect.session", "great_expectations",
-    "great_expectations.expectations", "rebalance.control.tasks", "rebalance.control.rollout", "rebalance.validation",
-    "rebalance.planners", "rebalance.streaming.restart",
+    "great_expectations.expectations", "rebalance.control.tasks", "rebalance.control.rollout",
+    "rebalance.validation", "rebalance.planners", "rebalance.streaming.restart",
 )
 
 

@@ -135,11 +135,13 @@ def plan_page(plan_id: str) -> str:
                              f'{_n(p["migration_bytes"])} bytes, {_n(p["moved_keys"])} keys'),
                ("lower bound on migration", f'{_pct(p["lower_bound_migration_fraction"])}'),
                ("routing table", f'{_n(p["table_size"])} keys'),
-               ("assignment version", f'v{p["base_assignment_version"]} → '
-                                      f'{"v" + str(p["assignment_version"]) if p["assignment_version"] is not None else "not published"}'),
+               ("assignment version", f'v{p["base_assignment_version"]} → ' + (
+                   f'v{p["assignment_version"]}' if p["assignment_version"] is not None
+                   else "not published")),
                ("reasons", "<br>".join(_e(r) for r in p["reasons"]) or "–")]
     body = [
-        f'<p><a href="{PREFIX}/">← all plans</a> · <a href="{PREFIX}/api/plans/{quote(plan_id)}">JSON</a></p>',
+        f'<p><a href="{PREFIX}/">← all plans</a> · '
+        f'<a href="{PREFIX}/api/plans/{quote(plan_id)}">JSON</a></p>',
         f"<h1>Plan <code>{_e(plan_id)}</code></h1>",
         "<table class='kv'>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in summary)
         + "</table>",
@@ -153,7 +155,8 @@ def plan_page(plan_id: str) -> str:
         _table(["suite", "expectation", "arguments", "result", "seen"],
                [[_e(c["suite"]), _e(c["expectation"]), _e(json.dumps(c["kwargs"], default=str)),
                  _status("passed" if c["success"] else "failed"),
-                 _e(json.dumps(c.get("seen"), default=str)) if not c["success"] or c.get("seen") is not None else ""]
+                 _e(json.dumps(c.get("seen"), default=str))
+                 if not c["success"] or c.get("seen") is not None else ""]
                 for c in checks], "validation"),
         "<h2>Verification</h2>", _table(
             ["field", "value"], [[_e(k), _e(json.dumps(val, default=str))]
@@ -211,7 +214,8 @@ async def _errors(request: Request, exc: HTTPException):
 CSS = """
 body{font-family:system-ui,sans-serif;margin:16px 24px;color:#1f2933;font-size:14px}
 h1{font-size:22px;margin:4px 0 8px} h2{font-size:16px;margin:22px 0 6px}
-table{border-collapse:collapse;margin:4px 0 8px} td,th{border-bottom:1px solid #e4e7eb;padding:3px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:4px 0 8px}
+td,th{border-bottom:1px solid #e4e7eb;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f5f7fa;font-weight:600} table.kv th{width:260px}
 .st{padding:1px 7px;border-radius:9px;font-size:12px;color:#fff;background:#7b8794}
 .st.verified,.st.applied,.st.passed,.st.published{background:#2f9e44}.st.rejected,.st.failed,.st.diverged{background:#c92a2a}
@@ -284,8 +288,9 @@ def _versions_table(versions: list[dict[str, Any]]) -> str:
                   f'<button type="submit" title="trigger the {ROLLBACK_DAG_ID} DAG">'
                   f'roll back to v{v["version"]}</button></form>')
         rows.append([f'v{v["version"]}', _e((v["timestamp"] or "")[:19]), _e(v["action"]),
-                     f'<a href="{PREFIX}/plans/{quote(v["plan_id"])}"><code>{_e(v["plan_id"][:12])}</code></a>'
-                     if v["plan_id"] else "–", _e(v["apply_mode"]), _n(v["routing_keys"]), action])
+                     f'<a href="{PREFIX}/plans/{quote(v["plan_id"])}">'
+                     f'<code>{_e(v["plan_id"][:12])}</code></a>' if v["plan_id"] else "–",
+                     _e(v["apply_mode"]), _n(v["routing_keys"]), action])
     return _table(["version", "published (UTC)", "action", "plan", "apply mode", "routing keys", ""],
                   rows, "versions")
 

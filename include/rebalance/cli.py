@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "evaluation.cli",
     "service",
     "kafka",
+    "cluster",
 )
 
 

@@ -142,7 +142,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def _run_plan(args: argparse.Namespace) -> int:
     from .cli import UserError
-    from .model import PlanParams, PlanningError
+    from .model import PlanningError, PlanParams
     from .planners import get_planner
 
     _check_args(args)

@@ -17,8 +17,13 @@ import random
 import numpy as np
 import pytest
 
-from rebalance.placement import DEFAULT_KEY_GROUPS, default_instances, group_instances, \
-    key_groups, spark_hash_strings
+from rebalance.placement import (
+    DEFAULT_KEY_GROUPS,
+    default_instances,
+    group_instances,
+    key_groups,
+    spark_hash_strings,
+)
 
 pytestmark = pytest.mark.slow
 

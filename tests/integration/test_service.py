@@ -29,7 +29,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from ui_flows import CHROMIUM_ARGS, UI, chromium_path
 
 pytestmark = pytest.mark.slow
@@ -104,7 +103,8 @@ class Api:
             lines.append(f"{ti['task_id']}: {ti['state']}")
             if ti["state"] in ("failed", "up_for_retry"):
                 log = self.get(f"{base}/{ti['task_id']}/logs/{max(ti['try_number'], 1)}")
-                events = [str(e.get("event")) + " " + str([d.get("exc_value") for d in e.get("error_detail") or []])
+                events = [str(e.get("event")) + " "
+                          + str([d.get("exc_value") for d in e.get("error_detail") or []])
                           for e in log.get("content", []) if isinstance(e, dict)]
                 lines += ["    " + e[:300] for e in events[-12:]]
         return "\n".join(lines)
@@ -282,7 +282,8 @@ def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(ui, api):
         # Under load Airflow may retry the approval task right after it asked (the executor
         # event can race the deferral); a person then answers the new request: so do we.
         api.wait_for("the approval to be asked", awaiting, 300)
-        ui.approve("rebalance", run_id, shot=f"02-required-action-{attempt}" if attempt else "02-required-action")
+        ui.approve("rebalance", run_id,
+                   shot=f"02-required-action-{attempt}" if attempt else "02-required-action")
         try:
             api.wait_for("the answer to be recorded", lambda: api.get(hitl).get("response_received"), 60)
             break

@@ -151,8 +151,7 @@ import pyarrow as pa  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from rebalance.histograms import (MAX_TOTAL, read_histogram_table, sorted_keys,  # noqa: E402
-                                  string_order, window_matrices)
+from rebalance.histograms import MAX_TOTAL, read_histogram_table, sorted_keys, string_order, window_matrices  # noqa: E402
 from rebalance.model import MAX_INSTANCES  # noqa: E402
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from rebalance.placement import default_instances
-from rebalance.streaming import restart, restart_checkpoint
+from rebalance.streaming import restart, restart_checkpoint, restart_sink
 from rebalance.streaming.processor import INITIAL_STATE_DDL, PERKEY, PERWINDOW
 from rebalance.streaming.routing import instance_labels
 
@@ -141,10 +141,10 @@ def test_the_version_in_force_comes_from_the_routing_log_of_committed_batches(tm
 
 
 def test_a_generation_does_not_follow_versions_for_a_restart_or_another_n():
-    assert not restart.blocks({"apply_mode": "broadcast", "n_instances": 3}, 3)
-    assert not restart.blocks({"action": "rollback", "n_instances": 3}, 3)
-    assert restart.blocks({"apply_mode": "restart", "n_instances": 3}, 3)
-    assert restart.blocks({"apply_mode": "broadcast", "n_instances": 4}, 3)
+    assert not restart_sink.blocks({"apply_mode": "broadcast", "n_instances": 3}, 3)
+    assert not restart_sink.blocks({"action": "rollback", "n_instances": 3}, 3)
+    assert restart_sink.blocks({"apply_mode": "restart", "n_instances": 3}, 3)
+    assert restart_sink.blocks({"apply_mode": "broadcast", "n_instances": 4}, 3)
     meta = {2: {"n_instances": 3}, 5: {"apply_mode": "restart", "n_instances": 3},
             6: {"n_instances": 4}, 7: {"apply_mode": "broadcast", "n_instances": 3},
             8: {"n_instances": 3}}

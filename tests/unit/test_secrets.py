@@ -95,9 +95,9 @@ def test_no_password_file_or_airflow_home_is_tracked():
 def test_the_generated_admin_password_lives_only_in_the_airflow_home(tracked):
     """``make up``'s home is .airflow (ignored); a password generated there is in no
     tracked file (checked whenever a local service has generated one)."""
-    from rebalance.service import Settings
-
     import os
+
+    from rebalance.service import Settings
 
     home = Settings().airflow_home
     if not os.environ.get("AIRFLOW_HOME"):

@@ -8,13 +8,34 @@ import pytest
 
 from rebalance.placement import default_instances, spark_hash_int
 from rebalance.spark.tables import (
-    ASSIGNMENTS, TABLES, AssignmentError, TableError, flat_schema, get_table, validate_routing)
+    ASSIGNMENTS,
+    TABLES,
+    AssignmentError,
+    TableError,
+    flat_schema,
+    get_table,
+    validate_routing,
+)
 from rebalance.streaming.generator import (
-    MALFORMED_KINDS, EventGenerator, GeneratorConfig, GeneratorError, fluctuate, zipf_weights)
+    MALFORMED_KINDS,
+    EventGenerator,
+    GeneratorConfig,
+    GeneratorError,
+    fluctuate,
+    zipf_weights,
+)
 from rebalance.streaming.job import JobConfig, JobError
 from rebalance.streaming.processor import (
-    OUTPUT_COLUMNS, OUTPUT_DDL, STATE_KEY_BYTES, STATE_WINDOW_BYTES, KeyWindows, output_frame,
-    retained, state_bytes, windows_to_emit)
+    OUTPUT_COLUMNS,
+    OUTPUT_DDL,
+    STATE_KEY_BYTES,
+    STATE_WINDOW_BYTES,
+    KeyWindows,
+    output_frame,
+    retained,
+    state_bytes,
+    windows_to_emit,
+)
 from rebalance.streaming.routing import instance_labels
 
 W = 10_000  # window length in ms used below

@@ -17,7 +17,16 @@ import time
 import pytest
 
 from rebalance.service import (
-    Component, Service, ServiceError, Settings, _children, _running, airflow_env, alive, components)
+    Component,
+    Service,
+    ServiceError,
+    Settings,
+    _children,
+    _running,
+    airflow_env,
+    alive,
+    components,
+)
 
 
 def stand_ins(script: dict[str, str]):
