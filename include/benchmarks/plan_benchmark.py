@@ -35,7 +35,7 @@ Scenarios (workload: :mod:`rebalance.synthetic`, seed 0):
   scale``): median and worst of ``--scale-runs`` runs (the first cold) of wall time,
   input seconds, plan_seconds, peak RSS, imbalance and migration, issue 11's targets,
   and a log-log plot of time against K (``--scale-plot``, default
-  ``include/docs/img/plan_scale.png``).
+  ``docs/img/plan_scale.png``).
 
 Per planner: the largest imbalance over the counted intervals, the mean migration (as a
 fraction of the total state), the mean and largest table size, the median wall time of
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale-workdir", type=Path, default=Path("/tmp/rebalance-scale"),
                     help="scale: folder of the generated inputs (kept and reused)")
     ap.add_argument("--scale-plot", type=Path,
-                    default=Path(__file__).resolve().parents[1] / "docs" / "img" / "plan_scale.png",
+                    default=Path(__file__).resolve().parents[2] / "docs" / "img" / "plan_scale.png",
                     help="scale: where the log-log plot of time against K goes")
     args = ap.parse_args(argv)
 

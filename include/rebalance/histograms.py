@@ -41,7 +41,7 @@ keys and where every row's key is (:func:`sorted_keys`, no hash table); merging 
 ``np.bincount`` and ``np.maximum.at`` on (window, key) positions; the default placement
 hashes the keys' UTF-8 buffers in numpy (:func:`rebalance.placement.spark_hash_strings`).
 Measured at 10^6 keys, one window: about 0.4 s of CPU from the Parquet file to the
-problem (``include/docs/planning.md``, "Scale").
+problem (``docs/planning.md``, "Scale").
 
 Pure pyarrow/numpy (pandas only for pandas input, CSV timestamps that need parsing and
 the DataFrame-returning helpers); Spark is imported lazily and only for a Delta table

@@ -22,7 +22,7 @@ One module-scoped stack, used in order:
    still every event is counted once.
 
 Figures (events sent, counted, lost, doubled, seconds to recover) are printed with
-``-s`` and summarised in include/docs/reliability.md.
+``-s`` and summarised in docs/reliability.md.
 """
 
 from __future__ import annotations

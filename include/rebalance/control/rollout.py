@@ -58,7 +58,7 @@ def resolve_mode(apply_mode: str, migration_fraction: float | None = None,
     (:class:`rebalance.streaming.restart.RestartableJob`, which pins its assignment
     version) to stop, migrate the state of the moved keys and restart with the new
     version; :func:`await_restart` waits for its acknowledgement. ``auto`` weighs the
-    two: a restart pauses the whole job (7-12 s measured, ``include/docs/restart.md``)
+    two: a restart pauses the whole job (7-12 s measured, ``docs/restart.md``)
     to keep the moved keys' state; below :data:`AUTO_RESTART_ABOVE` the state dropped
     is too small to be worth that pause (the plans of ``make demo`` and of the DAG
     tests move 1-2 % of the state).

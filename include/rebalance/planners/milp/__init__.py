@@ -5,7 +5,7 @@ within L_max = (1 + theta) * mean (hard mode) least migrated state, the seed-002
 distance as a tie-breaker; when L_max is out of reach (soft mode) least overload
 first. Large inputs are reduced (heaviest keys as binaries, light keys as fluid
 reservoirs with cost bins) and disaggregated after the solve. The design, with every
-fix to the paper's model, is in ``include/docs/planning.md`` ("The MILP planner:
+fix to the paper's model, is in ``docs/planning.md`` ("The MILP planner:
 design"). The parts: :mod:`.setting`, :mod:`.reduce`, :mod:`.build`, :mod:`.starts`,
 :mod:`.solve`, :mod:`.repair`.
 """

@@ -1,7 +1,7 @@
 """Reduction for large inputs: the heaviest keys one by one, the light keys of each
 current instance as one fluid reservoir with cost bins refined to a chord error.
 
-Part of :mod:`rebalance.planners.milp` (design: ``include/docs/planning.md``).
+Part of :mod:`rebalance.planners.milp` (design: ``docs/planning.md``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 cheapest first and placed heaviest first), re-routing off overloaded instances,
 trimming to the byte budget, fitting the routing table, and what binds.
 
-Part of :mod:`rebalance.planners.milp` (design: ``include/docs/planning.md``).
+Part of :mod:`rebalance.planners.milp` (design: ``docs/planning.md``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 model's units (explicit keys, reservoirs, return units) and the containers of a model
 and a solve. Budgets below the forced migration are raised here.
 
-Part of :mod:`rebalance.planners.milp` (design: ``include/docs/planning.md``).
+Part of :mod:`rebalance.planners.milp` (design: ``docs/planning.md``).
 """
 
 from __future__ import annotations

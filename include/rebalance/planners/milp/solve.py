@@ -1,7 +1,7 @@
 """HiGHS through PuLP: the model hand-over in bulk, a MIP start and a wall-clock deadline;
 the solve's outcome and the migration lower bound it proves.
 
-Part of :mod:`rebalance.planners.milp` (design: ``include/docs/planning.md``).
+Part of :mod:`rebalance.planners.milp` (design: ``docs/planning.md``).
 """
 
 from __future__ import annotations

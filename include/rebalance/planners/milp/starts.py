@@ -1,7 +1,7 @@
 """The warm start and the MIP starts: the current assignment made valid, a greedy repair
 of it, and the model values of the first start that meets the model's constraints.
 
-Part of :mod:`rebalance.planners.milp` (design: ``include/docs/planning.md``).
+Part of :mod:`rebalance.planners.milp` (design: ``docs/planning.md``).
 """
 
 from __future__ import annotations
