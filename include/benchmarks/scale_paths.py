@@ -10,7 +10,7 @@
   frame. Both parts are timed; the Spark session is started (and the table written)
   before timing.
 * ``replay``: ``rebalance bench --experiment replay``'s input, K keys in two windows of
-  Parquet: :func:`rebalance.histograms.read_histogram_table` and
+  Parquet: :func:`rebalance.histogram_files.read_histogram_table` and
   :func:`~rebalance.evaluation.workloads.histogram_trace`.
 
 Run it once with the code to measure on the Python path (e.g. a ``git archive`` of an
@@ -62,7 +62,7 @@ def replay_input(workdir: Path, n_keys: int) -> Path:
 
 def time_replay(path: Path, n_instances: int = 64) -> dict:
     from rebalance.evaluation.workloads import histogram_trace
-    from rebalance.histograms import read_histogram_table
+    from rebalance.histogram_files import read_histogram_table
 
     t0 = time.perf_counter()
     frame = read_histogram_table(str(path))

@@ -86,7 +86,8 @@ def _problem_over_live(document: dict[str, Any], n_instances: int, routing: dict
     """The plan's histograms read again with the live routing table as the current assignment."""
     import pandas as pd
 
-    from .histograms import build_problem, read_histogram_table
+    from .histogram_files import read_histogram_table
+    from .histograms import build_problem
 
     params = document["parameters"]
     frame = read_histogram_table(params["histograms"])

@@ -35,9 +35,9 @@ assignment's instances in [0, N) and its keys listed once.
 Speed (issue 11). Rows stay columns: a pyarrow table (Parquet and CSV are read with
 pyarrow, only the columns used) or a pandas frame (the DAG's Spark result) becomes one
 string array of keys and numpy arrays; nothing loops over rows or keys in Python. The
-histogram and assignment keys are sorted together by :func:`string_order` (a radix-like
+histogram and assignment keys are sorted together by :func:`rebalance.key_order.string_order` (a radix-like
 sort on 8-byte big-endian prefixes of their UTF-8 bytes), which also finds the distinct
-keys and where every row's key is (:func:`sorted_keys`, no hash table); merging is
+keys and where every row's key is (:func:`rebalance.key_order.sorted_keys`, no hash table); merging is
 ``np.bincount`` and ``np.maximum.at`` on (window, key) positions; the default placement
 hashes the keys' UTF-8 buffers in numpy (:func:`rebalance.placement.spark_hash_strings`).
 Measured at 10^6 keys, one window: about 0.4 s of CPU from the Parquet file to the
@@ -51,201 +51,30 @@ directory.
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .model import MAX_INSTANCES, PlanningError, Problem
-from .placement import group_instances, key_groups, padded_buffers, unaligned_view
+from .histogram_files import (
+    REQUIRED,
+    InputError,
+    first_line,
+    is_delta,
+    missing_message,
+    read_assignment_table,
+    read_histogram_table,
+)
+from .key_order import python_strings, refuse_duplicates, sorted_keys
+from .model import MAX_INSTANCES, Problem
+from .placement import group_instances, key_groups
 
-REQUIRED = ("window_start", "key", "count")
-OPTIONAL = ("cost", "state_bytes")
 #: Largest total of a numeric column (2^53): up to it float64 sums of integer counts and
 #: bytes are exact, so the loads, totals and migration bytes of ``plan.json`` are too;
 #: beyond it (a cost of 1e308 overflows the sum to inf) metrics become NaN or meaningless.
 #: 2^53 bytes is 9 PB of state, 2^53 ns of cost 104 days per window.
 MAX_TOTAL = float(2 ** 53)
-
-
-class InputError(PlanningError):
-    """Unreadable or invalid histogram/assignment input (one line, exit code 2 in the CLI)."""
-
-
-# ---------------------------------------------------------------------- reading
-def _is_delta(path: Path) -> bool:
-    return path.is_dir() and (path / "_delta_log").is_dir()
-
-
-def read_histogram_table(path: str | Path):
-    """Rows of a Delta table directory (a pandas frame, merged per (window, key) by Spark),
-    a Parquet file/directory or a CSV file (a pyarrow table of the columns used)."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"histograms path not found: {path}")
-    if _is_delta(path):
-        return _read_delta(path)
-    if path.is_file() and path.suffix.lower() == ".csv":
-        return _read_csv(path, "histograms", (*REQUIRED, *OPTIONAL), key_column="key")
-    return _read_parquet(path, "histograms", (*REQUIRED, *OPTIONAL))
-
-
-def read_histograms(path: str | Path):
-    """Rows of a Delta table directory, a Parquet file/directory or a CSV file (pandas)."""
-    return _to_pandas(read_histogram_table(path))
-
-
-@contextmanager
-def _jvm_stderr_to(log: Path):
-    """While the block runs, file descriptor 2 is ``log``: a JVM started in it keeps
-    writing there (its own warnings, such as "Using incubator modules", and log4j's ERROR
-    lines), so ``rebalance plan`` prints its one line and nothing else. Python's own
-    stderr is back at the end."""
-    import os
-    import sys
-
-    log.parent.mkdir(parents=True, exist_ok=True)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(log, "ab") as out:
-            os.dup2(out.fileno(), 2)
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _read_delta(path: Path):
-    from .spark.session import get_spark, spark_log_file
-
-    try:
-        with _jvm_stderr_to(spark_log_file("rebalance-plan")):
-            spark = get_spark("rebalance-plan")
-        df = spark.read.format("delta").load(str(path.resolve()))
-    except Exception as exc:  # noqa: BLE001 - any Spark/Delta failure is a bad input here
-        raise InputError(f"cannot read Delta table {path}: {_first_line(exc)}") from None
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
-        raise InputError(_missing_message("histograms", missing, df.columns))
-    cols = [c for c in (*REQUIRED, *OPTIONAL) if c in df.columns]
-    # Merge (window, key) duplicates in Spark already: far fewer rows reach pandas.
-    from pyspark.sql import functions as F
-
-    aggs = [F.sum("count").alias("count")]
-    if "cost" in cols:
-        aggs.append(F.sum("cost").alias("cost"))
-    if "state_bytes" in cols:
-        aggs.append(F.max("state_bytes").alias("state_bytes"))
-    # Spark's sum/max skip nulls: keep null and negative detection by counting them.
-    aggs.append(F.sum(F.when(_bad_expr(F, cols), 1).otherwise(0)).alias("_bad"))
-    pdf = df.groupBy("window_start", "key").agg(*aggs).toPandas()
-    bad = pdf.pop("_bad")
-    if len(pdf) and (bad > 0).any():
-        row = pdf[bad > 0].iloc[0]
-        raise InputError(f"histograms hold negative, NaN or missing values: key {row['key']!r} "
-                         f"in window {row['window_start']} "
-                         f"({int((bad > 0).sum())} bad key-window(s))")
-    return pdf
-
-
-def _bad_expr(F, cols):
-    expr = None
-    for c in cols:
-        if c in ("window_start", "key"):
-            e = F.col(c).isNull()
-        else:
-            e = F.col(c).isNull() | F.isnan(F.col(c).cast("double")) | (F.col(c) < 0)
-        expr = e if expr is None else (expr | e)
-    return expr
-
-
-def _read_parquet(path: Path, what: str, columns):
-    """The ``columns`` present in a Parquet file or a flat directory of Parquet files
-    (others are not read; files named ``.*`` or ``_*`` are skipped, as Spark writes them).
-
-    ``pyarrow.parquet.ParquetFile`` reads them: importing ``pyarrow.dataset`` alone costs
-    0.45 s of CPU, a quarter of the 2 s budget of a plan at 10^6 keys. A directory with
-    subdirectories (partitions) goes through ``pyarrow.dataset``.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        if path.is_dir():
-            entries = sorted(p for p in path.iterdir() if not p.name.startswith((".", "_")))
-            if any(p.is_dir() for p in entries):
-                import pyarrow.dataset as ds
-
-                dataset = ds.dataset(str(path), format="parquet")
-                present = [c for c in columns if c in dataset.schema.names]
-                return dataset.to_table(columns=present or None)
-            files = entries
-        else:
-            files = [path]
-        tables = []
-        for f in files:
-            pf = pq.ParquetFile(f)
-            present = [c for c in columns if c in pf.schema_arrow.names]
-            tables.append(pf.read(columns=present or None))
-        if not tables:
-            raise ValueError("no Parquet files in the directory")
-        if len(tables) == 1:
-            return tables[0]
-        return pa.concat_tables(tables, promote_options="permissive")
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
-        raise InputError(f"cannot read {what} {path} as Parquet: {_first_line(exc)}") from None
-
-
-def _read_csv(path: Path, what: str, columns, key_column: str):
-    """A CSV file with pyarrow (keys always strings); only ``columns`` are converted."""
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
-
-    try:
-        with open(path, "rb") as fh:
-            header = fh.readline()
-        names = [c.strip().strip('"') for c in header.decode("utf-8").rstrip("\r\n").split(",")]
-        include = [c for c in columns if c in names]
-        options = pcsv.ConvertOptions(column_types={key_column: pa.string()},
-                                      include_columns=include or None)
-        return pcsv.read_csv(path, convert_options=options)
-    except Exception as exc:  # noqa: BLE001
-        raise InputError(f"cannot read {what} {path} as CSV: {_first_line(exc)}") from None
-
-
-def read_assignment_table(path: str | Path):
-    """A current assignment file (Parquet or CSV, columns ``key`` and ``instance``)."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"assignment path not found: {path}")
-    if path.is_file() and path.suffix.lower() == ".csv":
-        return _read_csv(path, "assignment", ("key", "instance"), key_column="key")
-    return _read_parquet(path, "assignment", ("key", "instance"))
-
-
-def read_assignment(path: str | Path):
-    """A current assignment file (Parquet or CSV, columns ``key`` and ``instance``), pandas."""
-    return _to_pandas(read_assignment_table(path))
-
-
-def _to_pandas(frame):
-    import pandas as pd
-
-    return frame if isinstance(frame, pd.DataFrame) else frame.to_pandas()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def _missing_message(what: str, missing, have) -> str:
-    return (f"{what} lack required column(s) {', '.join(repr(m) for m in missing)} "
-            f"(have: {', '.join(map(str, have)) or 'none'})")
 
 
 # ------------------------------------------------------------------- columns
@@ -298,7 +127,7 @@ def _window_ns(col) -> np.ndarray:
             ns = col.cast(pa.timestamp("ns", tz=col.type.tz))
         except pa.ArrowException as exc:
             raise InputError(f"histograms column 'window_start' is out of range: "
-                             f"{_first_line(exc)}") from None
+                             f"{first_line(exc)}") from None
         return _numpy(ns.cast(pa.int64()), np.int64)
     import pandas as pd
 
@@ -331,7 +160,7 @@ def _parse_times(series, mixed: bool = False) -> np.ndarray:
             out = ws.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]")
     except (ValueError, TypeError, OverflowError) as exc:
         raise InputError(f"histograms column 'window_start' is not a timestamp: "
-                         f"{_first_line(exc)}") from None
+                         f"{first_line(exc)}") from None
     return out.view(np.int64)
 
 
@@ -347,27 +176,6 @@ def _numpy(arr, dtype) -> np.ndarray:
     if not parts:
         return np.zeros(0, dtype=dtype)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def arrow_array(values: np.ndarray):
-    """A numpy int64, float64 or bool array as a pyarrow array, without importing pandas
-    (``pyarrow.array`` does: see :func:`_numpy`)."""
-    import pyarrow as pa
-
-    values = np.ascontiguousarray(values)
-    if values.dtype == bool:
-        bits = np.packbits(values, bitorder="little")
-        return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
-    types = {np.dtype(np.int64): pa.int64(), np.dtype(np.float64): pa.float64()}
-    return pa.Array.from_buffers(types[values.dtype], len(values),
-                                 [None, pa.py_buffer(values)])
-
-
-def python_strings(keys) -> np.ndarray:
-    """A pyarrow string array as a numpy object array of Python strings (no pandas)."""
-    out = np.empty(len(keys), dtype=object)
-    out[:] = keys.to_pylist()
-    return out
 
 
 def _float_values(col) -> np.ndarray:
@@ -434,7 +242,7 @@ def check_histograms(frame) -> HistogramRows:
     names = _names(frame)
     missing = [c for c in REQUIRED if c not in names]
     if missing:
-        raise InputError(_missing_message("histograms", missing, names))
+        raise InputError(missing_message("histograms", missing, names))
     if _n_rows(frame) == 0:
         raise InputError("histograms are empty: no windows to plan over")
     get = frame.column if _is_arrow(frame) else frame.__getitem__
@@ -464,7 +272,7 @@ def check_assignment(frame, n_instances: int):
     names = _names(frame)
     missing = [c for c in ("key", "instance") if c not in names]
     if missing:
-        raise InputError(_missing_message("assignment", missing, names))
+        raise InputError(missing_message("assignment", missing, names))
     get = frame.column if _is_arrow(frame) else frame.__getitem__
     keys = _key_array(get("key"), "assignment")
     col = get("instance")
@@ -489,120 +297,8 @@ def validate_assignment(frame, n_instances: int):
 
     keys, inst = check_assignment(frame, n_instances)
     distinct, (positions,) = sorted_keys(keys)
-    _refuse_duplicates(positions, distinct)
+    refuse_duplicates(positions, distinct)
     return pd.DataFrame({"key": python_strings(keys), "instance": inst})
-
-
-# ------------------------------------------------------------------ key order
-def string_order(keys, distinct: bool = False):
-    """The permutation that sorts ``keys`` by their UTF-8 bytes (= code point order).
-
-    A radix-like sort in numpy: keys are ordered by their first 8 bytes read as one
-    big-endian uint64 (zero past the end of a key), then only the keys still tied are
-    ordered by their next 8 bytes within their tie, and so on; keys equal on every byte
-    they have are ordered by length (a key before its extensions with NUL bytes). For keys
-    of up to 8 bytes one ``argsort`` of uint64 does all the work: 10^6 keys take about
-    0.03 s of CPU, where sorting them as Python strings takes 0.6 s (``sorted``) to 1.8 s
-    (``np.sort`` of objects). With ``distinct`` also returns a boolean array over the
-    sorted positions: True where a key differs from the one before (equal keys end up
-    next to each other).
-    """
-    return _string_order(*padded_buffers([keys]), distinct=distinct)
-
-
-def _string_order(data: np.ndarray, offsets: np.ndarray, distinct: bool = False):
-    """:func:`string_order` of keys given as bytes (followed by 8 zero bytes) and offsets."""
-    n = len(offsets) - 1
-    first = np.ones(n, dtype=bool)
-    if n < 2:
-        order = np.arange(n, dtype=np.int64)
-        return (order, first) if distinct else order
-    lengths = np.diff(offsets)
-    starts = offsets[:-1]
-    words = unaligned_view(data, "<u8")
-    # Without NUL bytes, zero padding cannot be confused with key bytes: keys with equal
-    # chunks up to their length are equal, and no length step is needed.
-    nul = bool((data[:offsets[-1]] == 0).any())
-    longest = int(lengths.max())
-    # masks[b] keeps the first b bytes of a big-endian chunk (the rest are other keys')
-    masks = np.array([0] + [((1 << (8 * b)) - 1) << (8 * (8 - b)) for b in range(1, 9)],
-                     dtype=np.uint64)
-
-    def chunk(idx: np.ndarray | None, j: int) -> np.ndarray:
-        st = starts if idx is None else starts[idx]
-        size = lengths if idx is None else lengths[idx]
-        value = words[np.minimum(st + 8 * j, len(words) - 1) if j else st]
-        value.byteswap(inplace=True)
-        short = np.flatnonzero(size < 8 * (j + 1))  # chunks that end inside 8 bytes
-        value[short] &= masks[np.clip(size[short] - 8 * j, 0, 8)]
-        return value
-
-    value = chunk(None, 0)
-    order = np.argsort(value)
-    value = value[order]
-    np.not_equal(value[1:], value[:-1], out=first[1:])  # a new group of equal prefixes
-    del value
-    j = 1
-    while not first.all() and (nul or 8 * j < longest):
-        # Only the positions in groups of >= 2 (ties) are looked at again.
-        tied = np.flatnonzero(~first | np.append(~first[1:], False))
-        starts_group = first[tied]
-        g = np.cumsum(starts_group)
-        ids = order[tied]
-        size = lengths[ids]
-        if 8 * j >= int(size.max()):
-            # Every byte compared: equal keys, or keys that differ by trailing NUL bytes.
-            differ = size[1:] != size[:-1]
-            if (differ & ~starts_group[1:]).any():
-                sub = np.lexsort((size, g))
-                order[tied], size = ids[sub], size[sub]
-                differ = size[1:] != size[:-1]
-            first[tied[1:]] |= differ
-            break
-        c = chunk(ids, j)
-        sub = np.lexsort((c, g))  # g is sorted already: this orders within each group
-        order[tied], c = ids[sub], c[sub]
-        first[tied[1:]] |= c[1:] != c[:-1]
-        j += 1
-    return (order, first) if distinct else order
-
-
-def sorted_keys(*arrays):
-    """The distinct keys of the string ``arrays`` in byte order, and where each item is.
-
-    Returns (the distinct keys, sorted, as a pyarrow large_string array; for each input
-    array an int64 array of the positions of its items in those keys). All items are
-    sorted together by :func:`string_order`, which also tells equal neighbours apart, so
-    no hash table is built (measured: sorting 2 x 10^6 short keys costs 0.1 s of CPU,
-    ``pyarrow.compute.dictionary_encode`` alone 0.25 s).
-    """
-    import pyarrow as pa
-
-    data, offsets = padded_buffers(arrays)
-    order, first = _string_order(data, offsets, distinct=True)
-    rank = np.cumsum(first, dtype=np.int64)
-    rank -= 1
-    codes = np.empty(len(order), dtype=np.int64)
-    codes[order] = rank
-    del rank
-    positions, at = [], 0
-    for a in arrays:
-        positions.append(codes[at:at + len(a)])
-        at += len(a)
-    del codes
-    both = pa.Array.from_buffers(pa.large_string(), len(order),
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    return both.take(arrow_array(order[first])), positions
-
-
-def _refuse_duplicates(positions: np.ndarray, keys) -> None:
-    """Refuse an assignment whose items (``positions`` into the sorted ``keys``) repeat a key."""
-    counts = np.bincount(positions, minlength=len(keys))
-    dup = np.flatnonzero(counts > 1)
-    if len(dup):
-        names = [keys[int(i)].as_py() for i in dup[:3]]
-        raise InputError(f"assignment lists {len(dup)} key(s) more than once, e.g. "
-                         f"{', '.join(repr(k) for k in names)}")
 
 
 # ------------------------------------------------------------------ aggregating
@@ -638,7 +334,7 @@ def _aggregate(frame, assignment_keys=None) -> _Aggregate:
                   else np.searchsorted(windows, rows.window))
     assigned = positions[1] if assignment_keys is not None else None
     if assigned is not None:
-        _refuse_duplicates(assigned, keys)
+        refuse_duplicates(assigned, keys)
     return _Aggregate(keys, windows, positions[0], row_window, rows, assigned)
 
 
@@ -777,7 +473,7 @@ def read_input(histograms: str | Path, n_instances: int, assignment_path: str | 
               None if assignment_path is None else read_assignment_table(assignment_path)]
     problem, summary, keys = _build(tables, n_instances, None, windows)
     path = Path(histograms)
-    summary["histograms_format"] = ("delta" if _is_delta(path) else
+    summary["histograms_format"] = ("delta" if is_delta(path) else
                                     "csv" if path.suffix.lower() == ".csv" else "parquet")
     return problem, summary, keys
 

@@ -248,7 +248,7 @@ def _assignment_table(keys, plan):
     import numpy as np
     import pyarrow as pa
 
-    from .histograms import arrow_array
+    from .key_order import arrow_array
 
     try:
         keys = keys.cast(pa.string())

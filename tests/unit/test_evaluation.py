@@ -64,7 +64,7 @@ def test_histogram_trace_from_parquet(tmp_path):
     frame = pd.DataFrame(rows)
     path = tmp_path / "hist.parquet"
     frame.to_parquet(path)
-    from rebalance.histograms import read_histogram_table
+    from rebalance.histogram_files import read_histogram_table
     tr = histogram_trace(read_histogram_table(str(path)), 4)
     assert tr.load.shape == (3, 20) and tr.state_is_snapshot
     i = list(tr.keys).index("k19")

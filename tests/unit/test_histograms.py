@@ -6,13 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rebalance.histograms import (
-    InputError,
-    build_problem,
-    problem_from_histograms,
-    read_assignment,
-    read_histograms,
-)
+from rebalance.histogram_files import InputError, read_assignment, read_histograms
+from rebalance.histograms import build_problem, problem_from_histograms
 from rebalance.model import PlanningError
 from rebalance.placement import default_instances
 
@@ -151,7 +146,9 @@ import pyarrow as pa  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from rebalance.histograms import MAX_TOTAL, read_histogram_table, sorted_keys, string_order, window_matrices  # noqa: E402
+from rebalance.histogram_files import read_histogram_table  # noqa: E402
+from rebalance.histograms import MAX_TOTAL, window_matrices  # noqa: E402
+from rebalance.key_order import sorted_keys, string_order  # noqa: E402
 from rebalance.model import MAX_INSTANCES  # noqa: E402
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..histograms import read_histogram_table
+from ..histogram_files import read_histogram_table
 from ..model import PlanningError, PlanParams
 from .runner import PlannerSpec, parse_planners, replay
 from .workloads import (
