@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +186,17 @@ class PlanParams:
     max_table: A_max, bound on the routing table size (None: unbounded).
     budget_bytes / budget_keys: migration budget (None: unbounded).
     time_limit: seconds for planners that search (MILP, auto).
+
+    Options of one planner each (the others ignore them):
+
+    clb_threshold: CLB's correlation threshold in [0, 1) (seed 001; not ``theta``).
+    llfd_resolution_bits: mantissa bits of the compact representation of MinTable /
+        MinMig / Mixed: ``"auto"`` (exact up to a size, then coarser), None (exact) or a
+        number of bits.
+    milp_max_keys / milp_max_returns: how many keys get a placement / return binary in
+        the MILP (None: sized from the time limit).
+    highs_options: HiGHS options for the MILP (e.g. ``{"mip_rel_gap": 0.01}``).
+    warm_start: the MILP's start, one instance per key (None: the current assignment).
     """
 
     theta: float = 0.08
@@ -194,7 +206,12 @@ class PlanParams:
     budget_keys: int | None = None
     time_limit: float = 10.0
     seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    clb_threshold: float = 0.5
+    llfd_resolution_bits: int | str | None = "auto"
+    milp_max_keys: int | None = None
+    milp_max_returns: int | None = None
+    highs_options: Mapping[str, Any] | None = None
+    warm_start: Any = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.theta, (int, float)) and math.isfinite(self.theta) and self.theta > 0):
@@ -209,9 +226,23 @@ class PlanParams:
             raise PlanningError(f"migration budget (keys) must be >= 0, got {self.budget_keys!r}")
         if not (self.time_limit > 0):
             raise PlanningError(f"time limit must be > 0 seconds, got {self.time_limit!r}")
+        if not (isinstance(self.clb_threshold, int | float) and 0 <= self.clb_threshold < 1):
+            raise PlanningError(
+                f"clb_threshold must be a correlation in [0, 1), got {self.clb_threshold!r}")
+        bits = self.llfd_resolution_bits
+        if not (bits is None or bits == "auto" or (isinstance(bits, int) and bits >= 1)):
+            raise PlanningError(
+                f"llfd_resolution_bits must be 'auto', None or a number of bits >= 1, got {bits!r}")
+        for name in ("milp_max_keys", "milp_max_returns"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 0):
+                raise PlanningError(f"{name} must be a count >= 0 or None, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The parameters as JSON-able values (``warm_start``, an array, is left out)."""
+        out = dataclasses.asdict(dataclasses.replace(self, warm_start=None))
+        out.pop("warm_start")
+        return out
 
 
 @dataclass(frozen=True)

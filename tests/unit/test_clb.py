@@ -19,8 +19,8 @@ from rebalance.planners.clb import (
 from rebalance.planners.elb import KeyGroups
 
 
-def plan(problem, theta=0.1, **extra):
-    return get_planner("clb").plan(problem, PlanParams(theta=theta, extra=extra))
+def plan(problem, theta=0.1, **options):
+    return get_planner("clb").plan(problem, PlanParams(theta=theta, **options))
 
 
 def twin_series(n_patterns: int, windows: int = 12, seed: int = 0) -> np.ndarray:

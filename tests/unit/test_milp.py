@@ -106,16 +106,16 @@ def test_giant_key_gets_an_instance_of_its_own_and_the_rest_meet_the_bound():
 
 def test_warm_start_is_used_and_validated():
     problem = make_problem([4, 3, 1, 2], [40, 5, 1, 1], [0, 0, 0, 1], 2)
-    result = plan(problem, theta=0.2, extra={"warm_start": [0, 1, 0, 1]})
+    result = plan(problem, theta=0.2, warm_start=[0, 1, 0, 1])
     assert result.assignment.tolist() == [0, 1, 0, 1]
-    assert "start: params.extra['warm_start']" in result.notes
+    assert "start: params.warm_start" in result.notes
     assert any("MIP start: greedy repair of the start (max load 1.0000" in n
                for n in result.notes)
     with pytest.raises(PlanningError, match="shape"):
-        plan(problem, extra={"warm_start": [0, 1]})
+        plan(problem, warm_start=[0, 1])
     drained = make_problem([1, 1], [1, 1], [0, 1], 2, drain=(1,))
     with pytest.raises(PlanningError, match="active"):
-        plan(drained, extra={"warm_start": [0, 1]})
+        plan(drained, warm_start=[0, 1])
 
 
 def test_falls_back_to_the_start_when_the_solver_finds_nothing(monkeypatch):
@@ -126,7 +126,7 @@ def test_falls_back_to_the_start_when_the_solver_finds_nothing(monkeypatch):
     # The current assignment, the drained instance's key on the least-loaded instance.
     assert result.assignment.tolist() == [0, 0, 1, 1]
     assert any(n.startswith("fallback") for n in result.notes)
-    warm = plan(problem, theta=0.1, extra={"warm_start": [1, 0, 1, 0]})
+    warm = plan(problem, theta=0.1, warm_start=[1, 0, 1, 0])
     assert warm.assignment.tolist() == [1, 0, 1, 0]
 
 
@@ -141,7 +141,7 @@ def test_solver_bound_is_a_lower_bound_on_the_migration(n_keys, model):
 
 def test_reduced_model_moves_light_keys_and_meets_the_bound():
     problem = zipf_problem(5000, 8, seed=3)
-    result = plan(problem, theta=0.05, time_limit=3.0, extra={"milp_max_keys": 10})
+    result = plan(problem, theta=0.05, time_limit=3.0, milp_max_keys=10)
     heaviest = np.argsort(-problem.load)[:10]
     light_moved = np.setdiff1d(np.flatnonzero(result.moved), heaviest)
     assert result.feasible, result.notes
@@ -229,3 +229,22 @@ def test_reduced_model_honours_the_table_bound_and_sends_light_table_keys_home()
     assert result.feasible, result.notes
     assert result.metrics.table_size <= limit
     assert result.solver_bound is None               # reduced + A_max: no bound claimed
+
+
+def test_planner_options_are_typed_checked_and_json_able():
+    """Planner options are PlanParams fields (no untyped dict): bad values are refused by
+    name, and ``to_dict`` leaves out the warm start array so a plan's params stay JSON."""
+    import json
+
+    params = PlanParams(warm_start=np.array([0, 1]), highs_options={"mip_rel_gap": 0.01},
+                        milp_max_keys=3, llfd_resolution_bits=None)
+    out = params.to_dict()
+    assert "warm_start" not in out and out["milp_max_keys"] == 3
+    json.dumps(out)
+    for bad, name in ((dict(llfd_resolution_bits=0), "llfd_resolution_bits"),
+                      (dict(llfd_resolution_bits="fast"), "llfd_resolution_bits"),
+                      (dict(milp_max_keys=-1), "milp_max_keys"),
+                      (dict(milp_max_returns=2.5), "milp_max_returns"),
+                      (dict(clb_threshold=1.0), "clb_threshold")):
+        with pytest.raises(PlanningError, match=name):
+            PlanParams(**bad)

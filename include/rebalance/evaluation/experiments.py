@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -61,7 +61,6 @@ class Settings:
     histograms: str | None = None
     instances: int | None = None
     theta: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _specs(default: str, settings: Settings) -> list[PlannerSpec]:

@@ -48,6 +48,7 @@ kept and why.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -218,22 +219,19 @@ class AutoPlanner(Planner):
         # varies), and HiGHS stops at the target or the gap, usually before the deadline.
         if size_seconds is None:
             size_seconds = min(POLISH_SECONDS, MILP_SHARE * params.time_limit)
-        sized = PlanParams(theta=params.theta, budget_keys=params.budget_keys,
-                           time_limit=size_seconds, extra=params.extra)
+        sized = dataclasses.replace(params, time_limit=size_seconds)
         highs = {"mip_rel_gap": MILP_GAP}
         total_state = float(problem.state.sum())
         if bound is not None and total_state > 0:
             # the MILP's objective is the migrated share of the state (plus tie-breakers)
             highs["objective_target"] = (1 + GOOD_ENOUGH) * bound / total_state
-        extra = dict(params.extra, warm_start=start.assignment,
-                     milp_max_keys=params.extra.get("milp_max_keys",
-                                                    _max_explicit_keys(problem, sized)),
-                     milp_max_returns=params.extra.get("milp_max_returns",
-                                                       _max_returns(sized)),
-                     highs_options={**highs, **params.extra.get("highs_options", {})})
-        milp_params = PlanParams(theta=params.theta, beta=params.beta, max_table=params.max_table,
-                                 budget_bytes=params.budget_bytes, budget_keys=params.budget_keys,
-                                 time_limit=seconds, seed=params.seed, extra=extra)
+        milp_params = dataclasses.replace(
+            params, time_limit=seconds, warm_start=start.assignment,
+            milp_max_keys=(params.milp_max_keys if params.milp_max_keys is not None
+                           else _max_explicit_keys(problem, sized)),
+            milp_max_returns=(params.milp_max_returns if params.milp_max_returns is not None
+                              else _max_returns(sized)),
+            highs_options={**highs, **(params.highs_options or {})})
         # auto's own finish_plan computes the integer cover bound for the plan it keeps.
         return MilpPlanner().plan(problem, milp_params, cover_bound=False)
 

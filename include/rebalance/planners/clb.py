@@ -8,7 +8,7 @@ Steps, with the fixes of the reading notes
 ------------------------------------------
 1. Pearson correlation of the group load series (population statistics). The paper's
    threshold test only makes sense on correlation, not covariance; the threshold is
-   ``params.extra["clb_threshold"]`` in [0, 1) (default 0.5), not ``params.theta``.
+   ``params.clb_threshold`` in [0, 1) (default 0.5), not ``params.theta``.
 2. Greedy split into n sets (n = active instances). Start with one set; while there
    are fewer than n: take the group ``i`` with the largest
    ``omega_i = sum of corr(i, j) >= threshold over the other groups of its set`` and
@@ -34,11 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import PlanningError, PlanParams, Problem
+from ..model import PlanParams, Problem
 from .base import Planner, Proposal
 from .elb import KeyGroups, balance, describe_balance, describe_groups
-
-DEFAULT_THRESHOLD = 0.5
 
 
 class ClbPlanner(Planner):
@@ -102,10 +100,7 @@ def _place_idle(problem: Problem, groups: KeyGroups, owner: np.ndarray,
 
 
 def _threshold(params: PlanParams) -> float:
-    value = params.extra.get("clb_threshold", DEFAULT_THRESHOLD)
-    if not (isinstance(value, int | float) and 0 <= value < 1):
-        raise PlanningError(f"clb_threshold must be a correlation in [0, 1), got {value!r}")
-    return float(value)
+    return float(params.clb_threshold)  # checked in [0, 1) by PlanParams
 
 
 def group_series(problem: Problem, groups: KeyGroups) -> np.ndarray:

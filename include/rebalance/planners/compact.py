@@ -15,7 +15,7 @@ contiguous slices of records. Two differences, both in favour of accuracy:
   half-linear-half-exponential grid made scale-free, so it works for measured float
   costs as well as event counts. Up to :data:`EXACT_KEYS` keys the levels are the exact
   distinct values, so the engine is the paper's key-by-key LLFD.
-  ``params.extra["llfd_resolution_bits"]`` overrides the choice (None: exact).
+  ``params.llfd_resolution_bits`` overrides the choice (None: exact).
 * No estimation error: the seed keeps one representative value per record and a signed
   running error to keep sums close. Here every record keeps its keys in a fixed order
   with prefix sums of their exact loads, so every load LLFD compares with L_max is
@@ -82,10 +82,10 @@ def value_levels(values: np.ndarray, bits: int | None) -> np.ndarray:
 
 
 def resolution_bits(problem: Problem, params: PlanParams) -> int | None:
-    """Mantissa bits of the compact levels: ``params.extra["llfd_resolution_bits"]`` when
-    given (None = exact), else exact up to EXACT_KEYS keys and RESOLUTION_BITS above."""
-    if "llfd_resolution_bits" in params.extra:
-        bits = params.extra["llfd_resolution_bits"]
+    """Mantissa bits of the compact levels: ``params.llfd_resolution_bits`` when given
+    (None = exact), else (``"auto"``) exact up to EXACT_KEYS keys and RESOLUTION_BITS above."""
+    bits = params.llfd_resolution_bits
+    if bits != "auto":
         return None if bits is None else int(bits)
     return None if problem.n_keys <= EXACT_KEYS else RESOLUTION_BITS
 

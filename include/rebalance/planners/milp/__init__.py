@@ -79,7 +79,7 @@ def _solve_modes(problem: Problem, params: PlanParams, s: _Setting, units: _Unit
         now = time.perf_counter()
         share = 1.0 if values is not None else HARD_SHARE
         outcome = _solve(model, values, now + (solve_end - now) * share, params.seed,
-                         params.extra.get("highs_options"))
+                         params.highs_options)
         notes += [start_note, _describe_outcome("hard bound", outcome)]
         if outcome.has_solution:
             return model, outcome
@@ -89,6 +89,6 @@ def _solve_modes(problem: Problem, params: PlanParams, s: _Setting, units: _Unit
                  f"L_max = {s.l_max * s.mean:.6g} first, then migration")
     model = _build(problem, units, s, params.theta, hard=False)
     values, start_note = _start_values(problem, units, s, model, starts)
-    outcome = _solve(model, values, solve_end, params.seed, params.extra.get("highs_options"))
+    outcome = _solve(model, values, solve_end, params.seed, params.highs_options)
     notes += [start_note, _describe_outcome("soft bound", outcome)]
     return model, outcome

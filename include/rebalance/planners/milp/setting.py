@@ -168,7 +168,7 @@ def _max_explicit_keys(problem: Problem, params: PlanParams) -> int:
     least twice the budget), as many as the time limit affords; lighter keys are
     fine-grained enough for the fluid reservoirs.
     """
-    given = params.extra.get("milp_max_keys")
+    given = params.milp_max_keys
     if given is not None:
         return max(1, int(given))
     n_active = int(problem.active.sum())
@@ -181,7 +181,7 @@ def _max_explicit_keys(problem: Problem, params: PlanParams) -> int:
 
 def _max_returns(params: PlanParams) -> int:
     """How many light routing-table keys get a return binary (one each, see :func:`_reduce`)."""
-    given = params.extra.get("milp_max_returns")
+    given = params.milp_max_returns
     if given is not None:
         return max(0, int(given))
     return min(MAX_RETURNS, max(MIN_BINARIES, int(BINARIES_PER_SECOND * params.time_limit)))

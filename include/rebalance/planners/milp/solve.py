@@ -91,7 +91,7 @@ def _solve(m: _Model, start: dict | None, deadline: float, seed: int,
            highs_options: dict | None = None) -> _Outcome:
     """Run HiGHS single-threaded until ``deadline`` and read back status and bound.
 
-    ``highs_options`` (``params.extra["highs_options"]``, e.g. ``{"mip_rel_gap": 0.01}``)
+    ``highs_options`` (``params.highs_options``, e.g. ``{"mip_rel_gap": 0.01}``)
     are set on HiGHS as they are; a gap or node limit that stops the search before the
     deadline makes the result independent of the machine's speed."""
     solver = _HighsWithStart(start, deadline, highs_options, msg=False, threads=1,

@@ -15,8 +15,8 @@ from .setting import FLUID, PINNED, TOL, _Model, _Setting, _Units
 
 
 def _start_assignment(problem: Problem, params: PlanParams) -> tuple[np.ndarray, str]:
-    """The warm start: ``extra["warm_start"]`` or the current assignment made valid."""
-    given = params.extra.get("warm_start")
+    """The warm start: ``params.warm_start`` or the current assignment made valid."""
+    given = params.warm_start
     if given is None:
         start = problem.current.copy()
         _, moved, _ = place_forced(problem, start)
@@ -29,7 +29,7 @@ def _start_assignment(problem: Problem, params: PlanParams) -> tuple[np.ndarray,
     if problem.n_keys and (start.min() < 0 or start.max() >= problem.n_instances
                            or not problem.active[start].all()):
         raise PlanningError("warm_start puts keys outside the active instances")
-    return start.copy(), "start: params.extra['warm_start']"
+    return start.copy(), "start: params.warm_start"
 
 
 def _mip_starts(problem: Problem, s: _Setting, units: _Units,
