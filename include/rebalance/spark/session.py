@@ -37,6 +37,7 @@ from ..paths import data_dir, jars_dir
 
 #: Maven coordinate of the Delta build for Spark 4.2 / Scala 2.13 (see include/jars/pom.xml).
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -133,7 +134,10 @@ def _add_delta_jars(settings: dict[str, str]) -> None:
     if os.environ.get("REBALANCE_SPARK_PACKAGES", "").lower() in ("1", "true", "yes"):
         packages = [p for p in settings.get("spark.jars.packages", "").split(",") if p]
         if not any(p.startswith("io.delta:") for p in packages):
-            settings["spark.jars.packages"] = ",".join(packages + [DELTA_PACKAGE])
+            packages.append(DELTA_PACKAGE)
+        if not any(p.startswith("org.apache.spark:spark-sql-kafka") for p in packages):
+            packages.append(KAFKA_PACKAGE)  # the Kafka source (--source kafka)
+        settings["spark.jars.packages"] = ",".join(packages)
         return
     existing = settings.get("spark.jars", "")
     if "delta-spark" in existing or "delta-spark" in settings.get("spark.jars.packages", ""):
