@@ -240,8 +240,11 @@ def test_a_backfill_started_in_the_ui_stores_what_if_plans(ui, api, service):
     ui.submit_backfill(dialog)
 
     def what_if():
+        # a backfill run's plan passes through proposed and validated before publish stores
+        # it as what-if: wait until every plan found has reached a terminal status
         plans = [p for p in api.plans() if p["run_type"] == "backfill"]
-        return plans if plans else None
+        settled = plans and all(p["status"] not in ("proposed", "validated") for p in plans)
+        return plans if settled else None
     plans = api.wait_for("what-if plans of the backfill", what_if, 600, every=10)
     assert all(p["status"] == "what-if" and p["assignment_version"] is None for p in plans), plans
     assert [v for v in api.get("/rebalance/api/assignments") if v["live"]] == live_before
