@@ -18,7 +18,10 @@ query is not run here (``keyed_job.py`` runs it; it is stateless).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+
+from pyspark.errors import StreamingQueryException
 
 from rebalance.spark.tables import AssignmentError, TableError
 from rebalance.streaming.apps import add_job_options, add_spark_options, job_config_from_args, spark_from_args
@@ -70,7 +73,18 @@ def main(argv: list[str] | None = None) -> int:
         job.run_forever(args.poll_seconds)
     except KeyboardInterrupt:
         job.stop()
+    except StreamingQueryException as exc:  # e.g. a full disk: one line, the root cause
+        print(f"error: the keyed query stopped: {root_cause(exc)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def root_cause(exc: BaseException) -> str:
+    """The deepest ``...Exception: message`` line of a query's failure (its first line if none)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line.removeprefix("Caused by: ") for line in lines
+              if re.search(r"\w(Exception|Error)(\b|:)", line) and not line.startswith("at ")]
+    return (causes[-1] if causes else lines[0] if lines else type(exc).__name__)[:500]
 
 
 if __name__ == "__main__":

@@ -433,6 +433,9 @@ def test_full_disk_stops_the_job_with_a_clear_error_and_it_resumes_without_loss(
     assert events_dir.exists()
     assert stopped, "the job kept running on a full disk for 240 s without stopping"
     assert "No space left on device" in log, log[-3000:]
+    # the job's own last word: one line naming the root cause, exit code 1
+    said = [line for line in log.splitlines() if line.startswith("error: the keyed query stopped:")]
+    assert said and "No space left on device" in said[-1], log[-3000:]
     assert max(stack.commits()) == committed  # the batch was not committed on a full disk
     stopped_after = time.monotonic() - t0
 
