@@ -110,7 +110,7 @@ class UI:
             r"\d+ runs? will be triggered|No runs matching selected criteria")).wait_for()
         dialog.get_by_text("All Runs", exact=True).click()
         dialog.get_by_text("Override parameters on existing runs").click()
-        dialog.get_by_text(re.compile(r"\d+ runs? will be triggered")).wait_for()
+        dialog.get_by_text(re.compile(r"\d+ runs? will be triggered")).wait_for(timeout=120_000)
 
     def submit_backfill(self, dialog) -> None:
         dialog.get_by_role("button", name=re.compile(r"Run Backfill")).click()
