@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from service_helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 N = 2
@@ -24,12 +25,6 @@ W_MS = 10_000
 T0_MS = 1_704_067_200_000
 GEN = dict(n_keys=20, zipf=1.0, events_per_batch=200, batch_seconds=10.0, n_instances=N,
            malformed_fraction=0.03, seed=5)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _taken(port: int) -> bool:
@@ -41,7 +36,7 @@ def _taken(port: int) -> bool:
 def cluster(tmp_path_factory):
     from rebalance.cluster import Cluster, ClusterSettings
 
-    c = Cluster(ClusterSettings(dir=tmp_path_factory.mktemp("cluster"), port=_free_port(),
+    c = Cluster(ClusterSettings(dir=tmp_path_factory.mktemp("cluster"), port=free_port(),
                                 memory="1500m"), out=lambda _: None)
     c.up()
     try:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from service_helpers import free_port
 
 
 class Proc:
@@ -70,11 +71,6 @@ class Proc:
                 continue
         return out
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 REPO = Path(__file__).resolve().parents[2]
 N = 2

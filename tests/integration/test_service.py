@@ -22,13 +22,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import socket
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from service_helpers import free_port
 from ui_flows import CHROMIUM_ARGS, UI, chromium_path
 
 pytestmark = pytest.mark.slow
@@ -38,12 +38,6 @@ SHOTS = Path(os.environ.get("REBALANCE_TEST_SHOTS", REPO / ".data" / "test-shots
 #: The issue's promise: a scheduled run applied and verified within 5 minutes of start.
 #: The test allows a little more for a loaded CI machine and reports what it took.
 SCHEDULED_PLAN_TIMEOUT = 9 * 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
