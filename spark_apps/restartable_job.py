@@ -1,6 +1,8 @@
 """Run the keyed job as restartable generations: controlled restarts with state migration.
 
     python spark_apps/restartable_job.py --instances 4 --trigger-seconds 5
+    python spark_apps/restartable_job.py --source kafka --bootstrap-servers 127.0.0.1:9092 \
+        --topic events --instances 4
     spark-submit spark_apps/restartable_job.py --instances 4 --trigger-seconds 5
 
 Each generation follows the latest assignment version at every micro-batch (a live
@@ -10,7 +12,8 @@ generation's own version instead) and the job polls the Delta table
 ``rebalance.streaming.restart.request_restart``): each is executed as stop at a
 micro-batch boundary, state migration (same N: only the moved keys' state, handed over
 inside the stream of the same checkpoint; another N: a new checkpoint seeded with the
-re-keyed state), restart, acknowledgement. Started after a
+re-keyed state, its source starting exactly after the old checkpoint's last committed
+Delta file or Kafka offsets), restart, acknowledgement. Started after a
 crash, it first completes (or rolls back) the unfinished restart. The quarantine
 query is not run here (``keyed_job.py`` runs it; it is stateless).
 """
@@ -55,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = job_config_from_args(args)
-        if config.source != "delta" or config.dedup:
-            raise JobError("the restartable job reads the Delta table events only, without "
-                           "--dedup (--source kafka and --dedup: spark_apps/keyed_job.py)")
+        if config.dedup:
+            raise JobError("the restartable job runs without --dedup (--dedup: "
+                           "spark_apps/keyed_job.py)")
         job = RestartableJob(spark_from_args(args, f"rebalance-{args.name}"), config,
                              pin_assignment=args.pin_assignment,
                              hold_seconds=args.hold_seconds, full_restart=args.full_restart)

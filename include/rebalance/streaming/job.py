@@ -175,20 +175,26 @@ def valid_events(raw: DataFrame) -> DataFrame:
 
 # --------------------------------------------------------------------------- sources
 
-def read_events(spark: SparkSession, config: JobConfig) -> DataFrame:
+def read_events(spark: SparkSession, config: JobConfig,
+                starting_offsets: dict | None = None) -> DataFrame:
     """The raw event stream (the ``events`` table's string columns) of ``config.source``.
 
-    Kafka: the topic from its earliest offset (a checkpoint resumes from its own offsets);
+    Kafka: the topic from its earliest offset, or from ``starting_offsets`` (``{topic:
+    {partition: offset}}``, a restart's new checkpoint; a checkpoint resumes from its own
+    offsets);
     the message value is parsed as a JSON object of the ``events`` fields (numbers are
     taken as their text), the message key stands for a missing ``key`` field. A value
     that is not such an object gives NULL fields, so it is quarantined with the reasons
     of the missing fields, like any other malformed event.
     """
     if config.source == "kafka":
+        import json
+
         reader = (spark.readStream.format("kafka")
                   .option("kafka.bootstrap.servers", config.bootstrap_servers)
                   .option("subscribe", config.topic)
-                  .option("startingOffsets", "earliest"))
+                  .option("startingOffsets", json.dumps(starting_offsets)
+                          if starting_offsets else "earliest"))
         if config.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", config.max_offsets_per_trigger)
         messages = reader.load()

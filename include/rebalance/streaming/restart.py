@@ -90,8 +90,9 @@ from .restart_checkpoint import (
     drop_uncommitted,
     in_force_version,
     log_ids,
+    next_source,
     routing_log,
-    source_after,
+    source_after,  # noqa: F401 - importable from here (tests, callers)
 )
 from .restart_control import (
     BOOTSTRAP,
@@ -358,8 +359,7 @@ class RestartableJob:
         if position.last_batch is None:   # nothing committed: start where it started
             source, offset = dict(old.source), old.batch_offset
         else:
-            source = source_after(self.spark, tables.EVENTS.path(self.config.tables_root),
-                                  position.offset)
+            source = next_source(self.spark, self.config, position.offset)
             source["min_event_ms"] = max(position.next_watermark_ms or 0,
                                          int(old.source.get("min_event_ms") or 0))
             offset = old.batch_offset + position.last_batch + 1

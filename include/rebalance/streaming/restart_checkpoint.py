@@ -18,7 +18,7 @@ class Position:
     """Where a stopped generation's checkpoint ends."""
 
     last_batch: int | None          # last committed batch (None: nothing committed)
-    offset: dict[str, Any] | None   # its Delta source offset (of the events table)
+    offset: dict[str, Any] | None   # its events source offset (Delta table or Kafka topic)
     next_watermark_ms: int | None   # watermark the next batch would have used
     uncommitted: bool               # a planned batch was never committed
 
@@ -123,6 +123,32 @@ def source_after(spark: SparkSession, table_path: str, offset: dict[str, Any]) -
     files = version_files(spark, table_path, version)
     done = files if index is None else files[:index + 1]
     return {"starting_version": version, "exclude_files": done}
+
+
+def kafka_source_after(offset: dict[str, Any], topic: str) -> dict[str, Any]:
+    """Source options that start exactly after a Kafka source offset of the old checkpoint.
+
+    The offset logged for a batch is, per partition, the offset after its last message
+    (``{topic: {partition: next offset}}``), which is what ``startingOffsets`` takes as
+    the first offset to read: the new checkpoint's source starts there.
+    """
+    parts = offset.get(topic) if isinstance(offset, dict) else None
+    if not isinstance(parts, dict) or not parts or set(offset) != {topic} or not all(
+            str(p).isdigit() and isinstance(o, int) and o >= 0 for p, o in parts.items()):
+        raise RestartError(f"the old checkpoint's source offset {offset} is not one of "
+                           f"Kafka topic {topic!r} ({{partition: offset}}); was it run on "
+                           "another source or topic?")
+    return {"kafka_offsets": {topic: {str(p): int(o) for p, o in parts.items()}}}
+
+
+def next_source(spark: SparkSession, config: Any, offset: dict[str, Any]) -> dict[str, Any]:
+    """Where a new checkpoint's events source starts, exactly after the old checkpoint's
+    last committed source ``offset`` (of the events source of ``config.source``)."""
+    if config.source == "kafka":
+        return kafka_source_after(offset, config.topic)
+    from ..spark import tables
+
+    return source_after(spark, tables.EVENTS.path(config.tables_root), offset)
 
 
 def routing_log(checkpoint: str) -> Path:

@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..spark import tables
-from .job import JobConfig, keyed_stream
+from .job import JobConfig, keyed_stream, read_events
 from .restart_checkpoint import routing_log
 from .restart_control import Generation
 from .restart_sink import GatedWriter, VersionGuard
@@ -22,23 +22,20 @@ def generation_query(spark: SparkSession, config: JobConfig, gen: Generation,
     """The streaming DataFrame of a generation and its sink (nothing starts here).
 
     Events: the Delta table ``events`` from where the generation's checkpoint started
-    (``startingVersion``, minus files already processed, minus events late for the old
-    watermark; a resumed checkpoint goes on from its offsets), unioned with the
+    (``startingVersion``, minus files already processed), or the Kafka topic from the
+    generation's ``kafka_offsets`` (the old checkpoint's last committed offsets), minus
+    events late for the old watermark; a resumed checkpoint goes on from its own
+    offsets; unioned with the
     checkpoint's handoff table; routed by ``assignment_rows``; the keyed operator,
     seeded with the checkpoint's initial state, if any.
     """
     config = dataclasses.replace(config, n_instances=gen.n_instances)
-    root = config.tables_root
-    reader = (spark.readStream.format("delta")
-              .option("startingVersion", int(gen.source.get("starting_version", 0))))
-    if config.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
-    raw = reader.load(tables.EVENTS.path(root))
-    excluded = list(gen.source.get("exclude_files") or [])
-    if excluded:
-        # The Delta streaming source has no _metadata column; input_file_name() works.
-        file_name = F.element_at(F.split(F.input_file_name(), "/"), -1)
-        raw = raw.where(~file_name.isin(excluded))
+    if config.source == "kafka":
+        # From the old checkpoint's last committed offsets (a new checkpoint of a restart),
+        # else the earliest; a checkpoint that exists resumes from its own offsets.
+        raw = read_events(spark, config, starting_offsets=gen.source.get("kafka_offsets"))
+    else:
+        raw = delta_events(spark, config, gen)
     raw = raw.select(*tables.EVENTS.columns)
     min_ms = gen.source.get("min_event_ms")
     if min_ms:
@@ -53,6 +50,22 @@ def generation_query(spark: SparkSession, config: JobConfig, gen: Generation,
                        log_folder=routing_log(gen.checkpoint),
                        handoff_path=ensure_handoff_table(spark, gen.checkpoint))
     return stream, sink
+
+
+def delta_events(spark: SparkSession, config: JobConfig, gen: Generation) -> DataFrame:
+    """The Delta table ``events`` from the generation's ``startingVersion``, minus the
+    files of that version the old checkpoint already processed."""
+    reader = (spark.readStream.format("delta")
+              .option("startingVersion", int(gen.source.get("starting_version", 0))))
+    if config.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
+    raw = reader.load(tables.EVENTS.path(config.tables_root))
+    excluded = list(gen.source.get("exclude_files") or [])
+    if excluded:
+        # The Delta streaming source has no _metadata column; input_file_name() works.
+        file_name = F.element_at(F.split(F.input_file_name(), "/"), -1)
+        raw = raw.where(~file_name.isin(excluded))
+    return raw
 
 
 class Background(threading.Thread):
