@@ -15,6 +15,8 @@ export REBALANCE_JARS_DIR ?= $(JARS)
 export PYTHONDONTWRITEBYTECODE := 1
 
 PYTEST_ARGS ?=
+# make up SOURCE=kafka: the service also runs a Kafka broker; the generator and the job use it.
+SOURCE ?= delta
 
 .PHONY: help setup check-prereqs test test-unit demo bench up down status kafka-up kafka-down constraints clean
 
@@ -25,6 +27,7 @@ help:
 	@echo "make demo       setup, then run the end-to-end demo on local Spark, Delta and Airflow"
 	@echo "make bench      run the planning benchmark"
 	@echo "make up         start the whole service in the background (Airflow UI, Spark Connect, job, generator)"
+	@echo "                (make up SOURCE=kafka: also a Kafka broker; the generator produces to it, the job reads it)"
 	@echo "make down       stop everything make up started"
 	@echo "make status     say what of the service runs"
 	@echo "make kafka-up   start a local single-node Kafka broker (KRaft, 127.0.0.1:9092, data in .data/kafka)"
@@ -67,7 +70,7 @@ bench: setup
 	$(PY) include/benchmarks/plan_benchmark.py
 
 up: setup
-	$(PY) -m rebalance.cli service up
+	$(PY) -m rebalance.cli service up --source $(SOURCE)
 
 down:
 	@if [ -x $(PY) ]; then $(PY) -m rebalance.cli service down; else echo "nothing to stop (no .venv)"; fi

@@ -9,7 +9,9 @@
 Each batch is one Delta commit; a new run continues after the last batch in the
 table (same options required), so the stream stays a pure function of them; a batch
 already in the table is not appended again. To Kafka, batches start at --start-batch
-(default 0) and are sent at least once (a re-run sends them again).
+(default 0) and are sent at least once (a re-run sends them again). --follow runs forever
+to either sink (to Kafka it records its stream in <tables root>/_kafka_follow/<topic>.json
+and a restart continues after the last batch produced).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from rebalance.streaming.generator import (
     append_batches,
     follow,
     follow_start,
+    kafka_follow_record,
+    kafka_follow_start,
+    kafka_follower,
     next_batch,
     produce_batches,
 )
@@ -85,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             cost_sigma=args.cost_sigma, malformed_fraction=args.malformed_fraction,
             seed=args.seed, start=args.start_time or GeneratorConfig().start)
         spark = spark_from_args(args, "rebalance-generate-events")
+        if args.follow:
+            return _follow(spark, config, args)
         if args.sink == "kafka":
             first = args.start_batch or 0
             produced = produce_batches(spark, EventGenerator(config),
@@ -95,8 +102,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"({config.events_per_batch} events each) to topic {args.topic} at "
                   f"{args.bootstrap_servers}")
             return 0
-        if args.follow:
-            return _follow(spark, config, args)
         first = (args.start_batch if args.start_batch is not None
                  else next_batch(spark, config, args.tables_root))
         asked = range(first, first + args.batches)
@@ -113,8 +118,6 @@ def _sink_problem(args: argparse.Namespace) -> str | None:
     if args.sink == "kafka":
         if not (args.bootstrap_servers and args.topic):
             return "--sink kafka needs --bootstrap-servers HOST:PORT and --topic"
-        if args.follow:
-            return "--follow writes to the Delta table only"
         if not 0 <= args.duplicate_fraction <= 1:
             return "--duplicate-fraction must be in [0, 1]"
     elif args.bootstrap_servers or args.topic or args.duplicate_fraction:
@@ -139,14 +142,27 @@ def _summary(written: list[int], asked: range) -> str:
 def _follow(spark, config: GeneratorConfig, args: argparse.Namespace) -> int:
     import dataclasses
 
-    if not args.start_time:
-        config = dataclasses.replace(config, start=follow_start(spark, config, args.tables_root))
-    ensure_table(spark, EVENTS, args.tables_root)  # the job may start before the first batch
+    write, first, verb = None, 0, "appended"
+    if args.sink == "kafka":
+        # The stream's start and last batch are recorded next to the tables, so that a
+        # restarted generator continues the same stream (same event ids and times).
+        record = kafka_follow_record(args.tables_root, args.topic)
+        start, first = kafka_follow_start(config, record)
+        if not args.start_time:
+            config = dataclasses.replace(config, start=start)
+        write = kafka_follower(spark, args.bootstrap_servers, args.topic, record)
+        where, verb = f"topic {args.topic} at {args.bootstrap_servers}", "produced"
+    else:
+        if not args.start_time:
+            config = dataclasses.replace(config, start=follow_start(spark, config,
+                                                                    args.tables_root))
+        ensure_table(spark, EVENTS, args.tables_root)  # the job may start before a batch
+        where = EVENTS.path(args.tables_root)
     print(f"following: {config.events_per_batch} events every {config.batch_seconds:g} s from "
-          f"{config.start} into {EVENTS.path(args.tables_root)}", flush=True)
+          f"{config.start} into {where}", flush=True)
     try:
-        follow(spark, config, args.tables_root,
-               on_batch=lambda b: print(f"batch {b} appended", flush=True) if b % 12 == 0 else None)
+        follow(spark, config, args.tables_root, write=write, first=first,
+               on_batch=lambda b: print(f"batch {b} {verb}", flush=True) if b % 12 == 0 else None)
     except KeyboardInterrupt:
         print("stopped", flush=True)
     return 0

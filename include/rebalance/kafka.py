@@ -159,6 +159,14 @@ class Broker:
         except ServiceError as exc:
             raise KafkaError(str(exc)) from None
 
+    def run(self) -> None:
+        """Format the storage if need be, then become the broker (exec: same process id,
+        in the foreground): how ``make up SOURCE=kafka`` runs it as a service component."""
+        self.format()
+        argv = self._components(self.service.s)[0].argv
+        sys.stdout.flush()
+        os.execv(argv[0], argv)
+
     def down(self) -> bool:
         """Stop the broker by its recorded pid; return whether it was running."""
         return bool(self.service.down())
@@ -175,7 +183,8 @@ def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser(
         "kafka", help="start, stop or inspect a local single-node Kafka broker (KRaft)",
         description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("action", choices=("up", "down", "status", "run"),
+                   help="run: the broker in the foreground (what `make up SOURCE=kafka` starts)")
     p.add_argument("--dir", type=Path, help="the broker's folder (default: $REBALANCE_DATA_DIR/kafka)")
     p.add_argument("--port", type=int, help=f"client port (default {DEFAULT_PORT}, "
                    "$REBALANCE_KAFKA_PORT); the controller listens on port + 1")
@@ -193,6 +202,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.action == "status":
         print(f"kafka {broker.status()}; bootstrap servers {broker.bootstrap}")
         return 0 if broker.running() else 1
+    if args.action == "run":
+        try:
+            broker.run()
+        except KafkaError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     started = broker.up()
     print(f"kafka {'started' if started else 'already running'}: bootstrap servers "
           f"{broker.bootstrap}, data in {broker.s.dir}; stop with `make kafka-down`")

@@ -18,6 +18,9 @@ process the service needs, each in its own process group, its id recorded under
                           switches and controlled restart requests are both honoured.
 ``generator``             a continuous skewed event stream in real time whose hot keys
                           shift every few minutes (``spark_apps/generate_events.py --follow``).
+``kafka``                 ``make up SOURCE=kafka`` only: a Kafka broker (``<data>/kafka``,
+                          ``127.0.0.1:9092``); the generator produces to its topic
+                          ``events``, the job reads it.
 ========================  ==================================================================
 
 The ``rebalance`` DAG is unpaused at creation and scheduled every two minutes
@@ -52,6 +55,7 @@ STOP_GRACE_SECONDS = 20.0
 #: A component that is not ready after this long is reported as failed.
 READY_TIMEOUT_SECONDS = 240.0
 DEFAULT_SCHEDULE = "*/2 * * * *"
+SOURCES = ("delta", "kafka")
 
 
 class ServiceError(RuntimeError):
@@ -75,6 +79,11 @@ class Settings:
     events_per_second: int = 200
     #: The generator re-skews the load (seed 003's fluctuation) every this many seconds.
     fluctuation_seconds: int = 600
+    #: Where the events come from: the Delta table ``events`` or a Kafka topic (then the
+    #: service also runs a broker, under ``<data>/kafka``). None: the one ``up`` recorded.
+    source: str | None = None
+    kafka_port: int = int(os.environ.get("REBALANCE_KAFKA_PORT", "9092"))
+    topic: str = "events"
 
     @property
     def state(self) -> Path:
@@ -87,6 +96,21 @@ class Settings:
     @property
     def logs(self) -> Path:
         return self.state / "logs"
+
+    @property
+    def events_source(self) -> str:
+        """``source``, else the one ``up`` recorded in ``<data>/service/source``, else delta."""
+        if self.source:
+            return self.source
+        try:
+            recorded = (self.state / "source").read_text().strip()
+        except OSError:
+            recorded = ""
+        return recorded if recorded in SOURCES else "delta"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.kafka_port}"
 
     @property
     def api_url(self) -> str:
@@ -174,7 +198,13 @@ def components(s: Settings) -> list[Component]:
     aenv = airflow_env(s)
     genv = {**env, "REBALANCE_SPARK_REMOTE": s.connect_url}
     batch_seconds = 10
+    kafka = s.events_source == "kafka"
+    sink = (["--bootstrap-servers", s.bootstrap, "--topic", s.topic] if kafka else [])
+    broker = [Component("kafka", [py, "-m", "rebalance.cli", "kafka", "run",
+                                  "--dir", str(s.data / "kafka"), "--port", str(s.kafka_port)],
+                        env, port=s.kafka_port)] if kafka else []
     return [
+        *broker,
         connect,
         Component("api-server", [airflow, "api-server", "--host", HOST, "--port", str(s.api_port)],
                   aenv, port=s.api_port, ready_url=f"{s.api_url}/api/v2/monitor/health"),
@@ -188,14 +218,16 @@ def components(s: Settings) -> list[Component]:
                                 "--events-per-batch", str(s.events_per_second * batch_seconds),
                                 "--batch-seconds", str(batch_seconds), "--fluctuation", "1.0",
                                 "--interval-batches", str(s.fluctuation_seconds // batch_seconds),
-                                "--instances", str(s.instances), "--seed", "10"],
+                                "--instances", str(s.instances), "--seed", "10",
+                                *(["--sink", "kafka", *sink] if kafka else [])],
                   genv, ready_line="following", stop_signal=signal.SIGINT),
         Component("job", [py, str(REPO_ROOT / "spark_apps" / "restartable_job.py"),
                           "--instances", str(s.instances),
                           "--window-seconds", str(s.window_seconds),
                           "--watermark-seconds", str(s.window_seconds // 2),
                           "--windows", "3", "--trigger-seconds", str(s.trigger_seconds),
-                          "--poll-seconds", "10", "--master", "local[2]"],
+                          "--poll-seconds", "10", "--master", "local[2]",
+                          *(["--source", "kafka", *sink] if kafka else [])],
                   env, ready_line="running", stop_signal=signal.SIGINT),
     ]
 
@@ -324,6 +356,7 @@ class Service:
         for folder in (self.s.pids, self.s.logs, self.s.airflow_home):
             folder.mkdir(parents=True, exist_ok=True)
         if self.parts is components:
+            self._record_source()
             self._migrate_airflow_db()
         started = []
         for comp in self.parts(self.s):
@@ -344,6 +377,17 @@ class Service:
             if comp.name == "spark-connect" and wait:
                 self._warm_connect()
         return started
+
+    def _record_source(self) -> None:
+        """Record the events source ``down`` and ``status`` go by; refuse another one while
+        the service runs with the recorded one."""
+        wanted = self.s.events_source
+        recorded = dataclasses.replace(self.s, source=None).events_source
+        if wanted != recorded and any(alive(r) for r in Service(
+                dataclasses.replace(self.s, source=recorded)).records().values()):
+            raise ServiceError(f"the service runs with SOURCE={recorded}; stop it with "
+                               f"`make down` before `make up SOURCE={wanted}`")
+        (self.s.state / "source").write_text(wanted + "\n")
 
     def _migrate_airflow_db(self) -> None:
         import subprocess
@@ -515,11 +559,14 @@ def add_subcommands(subparsers) -> None:
         "service", help="start, stop or inspect the whole service (make up / down / status)",
         description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--source", choices=SOURCES,
+                   help="up: read events from the Delta table (default) or from a Kafka "
+                        "broker the service runs; down / status: the one up recorded")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    service = Service()
+    service = Service(Settings(source=args.source))
     if args.action == "down":
         stopped = service.down()
         print(f"stopped {len(stopped)} process(es); nothing of the service runs"
@@ -544,6 +591,9 @@ def _run(args: argparse.Namespace) -> int:
     print(f"\nAirflow UI: {service.s.api_url}  login: {user} / {password}")
     print(f"Rebalance view: {service.s.api_url}/rebalance/   "
           f"(and the Rebalance tab of the `rebalance` DAG)")
+    if service.s.events_source == "kafka":
+        print(f"Events: Kafka topic {service.s.topic!r} at {service.s.bootstrap} "
+              f"(broker data in {service.s.data / 'kafka'})")
     print(f"The `rebalance` DAG runs on schedule {service.s.schedule!r}; logs in {service.s.logs}")
     print("Stop everything with `make down`.")
     return 0

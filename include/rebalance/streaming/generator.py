@@ -303,7 +303,7 @@ def produce_batches(spark, generator: EventGenerator, batches: Iterable[int],
 
 
 def follow(spark, config: GeneratorConfig, root: str | Path | None = None,
-           stop=None, clock=time.time, on_batch=None) -> None:
+           stop=None, clock=time.time, on_batch=None, write=None, first: int = 0) -> None:
     """Append batches in real time, forever (until ``stop`` is set): batch ``b`` is appended
     once the wall clock passed its last event time, ``start + (b + 1) * batch_seconds``.
 
@@ -311,6 +311,9 @@ def follow(spark, config: GeneratorConfig, root: str | Path | None = None,
     so the stream stays one pure function of the options). After a pause (the service was
     down) it resumes at the batch of the current time: the stream has a gap, as a real
     source would, rather than a burst of old events.
+
+    ``write(generator, batch)`` writes one batch elsewhere (e.g. to Kafka, with
+    :func:`kafka_follower`); it resumes after batch ``first - 1`` instead of the table's.
     """
     import threading
 
@@ -318,13 +321,17 @@ def follow(spark, config: GeneratorConfig, root: str | Path | None = None,
     generator = EventGenerator(config)
     start = _parse_start(config.start)
     step = config.batch_seconds
-    batch = max(next_batch(spark, config, root, strict=False), int((clock() - start) // step))
+    done = first if write is not None else next_batch(spark, config, root, strict=False)
+    batch = max(done, int((clock() - start) // step))
     while not stop.is_set():
         due = start + (batch + 1) * step
         if clock() < due:
             stop.wait(min(due - clock(), step))
             continue
-        append_batches(spark, generator, [batch], root)
+        if write is None:
+            append_batches(spark, generator, [batch], root)
+        else:
+            write(generator, batch)
         if on_batch is not None:
             on_batch(batch)
         batch = max(batch + 1, int((clock() - start) // step) - 1)
@@ -356,3 +363,52 @@ def follow_start(spark, config: GeneratorConfig, root: str | Path | None = None,
     now = time.time() if now is None else now
     start = now - now % config.batch_seconds
     return dt.datetime.fromtimestamp(start, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------- Kafka follow
+
+def kafka_follow_record(root: str | Path | None, topic: str) -> Path:
+    """Where the live generator producing to ``topic`` records its stream (``start``, the
+    options, the last batch produced): ``<tables root>/_kafka_follow/<topic>.json``."""
+    from ..spark import tables
+
+    return Path(tables.EVENTS.path(root)).parent / "_kafka_follow" / f"{topic}.json"
+
+
+def kafka_follow_start(config: GeneratorConfig, record: Path,
+                       now: float | None = None) -> tuple[str, int]:
+    """The event time of batch 0 and the first batch to produce for a live generator to
+    Kafka: the recorded stream's (same other options) after its last batch, else a new
+    stream from the current time rounded down to a batch (as :func:`follow_start`)."""
+    import datetime as dt
+    import json
+
+    mine = {k: v for k, v in config.to_dict().items() if k != "start"}
+    try:
+        recorded = json.loads(record.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    if recorded.get("options") == mine and recorded.get("start"):
+        return str(recorded["start"]), int(recorded.get("last_batch", -1)) + 1
+    now = time.time() if now is None else now
+    start = now - now % config.batch_seconds
+    return dt.datetime.fromtimestamp(start, dt.timezone.utc).isoformat().replace(
+        "+00:00", "Z"), 0
+
+
+def kafka_follower(spark, bootstrap_servers: str, topic: str, record: Path):
+    """A ``write`` for :func:`follow`: produce the batch to Kafka, then record it as the
+    last batch produced (a restarted generator goes on after it: at least once, a batch
+    is produced again only if the process died between the two)."""
+    import json
+
+    def write(generator: EventGenerator, batch: int) -> None:
+        produce_batches(spark, generator, [batch], bootstrap_servers, topic)
+        options = {k: v for k, v in generator.config.to_dict().items() if k != "start"}
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"start": generator.config.start, "options": options,
+                                   "last_batch": batch}))
+        tmp.replace(record)
+
+    return write

@@ -1,0 +1,98 @@
+"""What ``make up`` / ``make up SOURCE=kafka`` would start (argv only: no process runs here),
+the source recorded for ``down`` / ``status``, and the restart's Kafka offsets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rebalance.service import Service, ServiceError, Settings, components
+from rebalance.streaming.restart_checkpoint import RestartError, kafka_source_after
+
+
+def _settings(tmp_path, **kw) -> Settings:
+    return Settings(data=tmp_path / "data", airflow_home=tmp_path / "airflow", **kw)
+
+
+def _argv(parts, name) -> list[str]:
+    return next(c.argv for c in parts if c.name == name)
+
+
+def _option(argv, flag):
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def test_delta_service_has_no_broker_and_no_kafka_options(tmp_path):
+    parts = components(_settings(tmp_path, source="delta"))
+    assert [c.name for c in parts] == ["spark-connect", "api-server", "scheduler",
+                                       "dag-processor", "triggerer", "generator", "job"]
+    for name in ("generator", "job"):
+        argv = _argv(parts, name)
+        assert not {"--sink", "--source", "--bootstrap-servers", "--topic"} & set(argv), argv
+
+
+def test_kafka_service_starts_a_broker_first_and_points_generator_and_job_at_it(tmp_path):
+    s = _settings(tmp_path, source="kafka", kafka_port=19192, topic="ev")
+    parts = components(s)
+    assert [c.name for c in parts] == ["kafka", "spark-connect", "api-server", "scheduler",
+                                       "dag-processor", "triggerer", "generator", "job"]
+    broker = parts[0]
+    assert broker.argv[1:] == ["-m", "rebalance.cli", "kafka", "run", "--dir",
+                               str(tmp_path / "data" / "kafka"), "--port", "19192"]
+    assert broker.port == 19192            # ready when its client port accepts connections
+    gen, job = _argv(parts, "generator"), _argv(parts, "job")
+    assert gen[1].endswith("spark_apps/generate_events.py") and "--follow" in gen
+    assert (_option(gen, "--sink"), _option(gen, "--bootstrap-servers"),
+            _option(gen, "--topic")) == ("kafka", "127.0.0.1:19192", "ev")
+    assert job[1].endswith("spark_apps/restartable_job.py")
+    assert (_option(job, "--source"), _option(job, "--bootstrap-servers"),
+            _option(job, "--topic")) == ("kafka", "127.0.0.1:19192", "ev")
+    # The options parse as the apps parse them.
+    from importlib import util
+
+    from rebalance.paths import REPO_ROOT
+
+    for app, argv in (("restartable_job", job), ("generate_events", gen)):
+        spec = util.spec_from_file_location(app, REPO_ROOT / "spark_apps" / f"{app}.py")
+        module = util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        args = module.parse_args(argv[2:])
+        assert args.bootstrap_servers == "127.0.0.1:19192" and args.topic == "ev"
+
+
+def test_down_and_status_go_by_the_source_up_recorded(tmp_path):
+    s = _settings(tmp_path)
+    assert s.events_source == "delta"                 # nothing recorded: delta
+    s.state.mkdir(parents=True)
+    (s.state / "source").write_text("kafka\n")
+    assert s.events_source == "kafka"
+    assert "kafka" in Service(s).status()             # down / status see the broker
+    assert _settings(tmp_path, source="delta").events_source == "delta"
+
+
+def test_up_refuses_another_source_while_the_recorded_one_runs(tmp_path):
+    import dataclasses
+    import os
+    import time
+
+    from rebalance.service import Record, _start_ticks
+
+    s = _settings(tmp_path, source="delta")
+    s.pids.mkdir(parents=True)
+    (s.state / "source").write_text("kafka\n")
+    # This test process stands for a running broker of the recorded (kafka) service.
+    me = Record("kafka", os.getpid(), _start_ticks(os.getpid()), ["x"], "log", time.time())
+    (s.pids / "kafka.json").write_text(json.dumps(dataclasses.asdict(me)))
+    with pytest.raises(ServiceError, match="SOURCE=kafka.*make down"):
+        Service(s)._record_source()      # what up does first
+    assert (s.state / "source").read_text() == "kafka\n"
+
+
+def test_kafka_restart_starts_at_the_old_checkpoints_offsets():
+    logged = {"ev": {"1": 120, "0": 95}}
+    assert kafka_source_after(logged, "ev") == {"kafka_offsets": {"ev": {"1": 120, "0": 95}}}
+    for bad in ({"reservoirVersion": 3, "index": 0}, {"other": {"0": 1}}, {"ev": {}},
+                {"ev": {"0": -1}}, {"ev": {"0": 1}, "x": {"0": 1}}):
+        with pytest.raises(RestartError, match="not one of Kafka topic"):
+            kafka_source_after(bad, "ev")
