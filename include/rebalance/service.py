@@ -79,8 +79,7 @@ class Settings:
     events_per_second: int = 200
     #: The generator re-skews the load (seed 003's fluctuation) every this many seconds.
     fluctuation_seconds: int = 600
-    #: Where the events come from: the Delta table ``events`` or a Kafka topic (then the
-    #: service also runs a broker, under ``<data>/kafka``). None: the one ``up`` recorded.
+    #: Events from the Delta table or a Kafka topic (and a broker in <data>/kafka).
     source: str | None = None
     kafka_port: int = int(os.environ.get("REBALANCE_KAFKA_PORT", "9092"))
     topic: str = "events"
@@ -100,13 +99,9 @@ class Settings:
     @property
     def events_source(self) -> str:
         """``source``, else the one ``up`` recorded in ``<data>/service/source``, else delta."""
-        if self.source:
-            return self.source
-        try:
-            recorded = (self.state / "source").read_text().strip()
-        except OSError:
-            recorded = ""
-        return recorded if recorded in SOURCES else "delta"
+        path = self.state / "source"
+        recorded = path.read_text().strip() if path.is_file() else ""
+        return self.source or (recorded if recorded in SOURCES else "delta")
 
     @property
     def bootstrap(self) -> str:
@@ -185,8 +180,15 @@ def airflow_env(s: Settings) -> dict[str, str]:
         # A scheduled run starts as its interval ends; the job writes the interval's last
         # windows once its watermark passed them.
         "REBALANCE_WINDOWS_WAIT_SECONDS": "90",
+        "REBALANCE_JOB_NAME": job_name(s),
     })
     return env
+
+
+def job_name(s: Settings) -> str:
+    """The job's name (checkpoints, restart requests): one per source (a checkpoint keeps its
+    source)."""
+    return "keyed-kafka" if s.events_source == "kafka" else "keyed"
 
 
 def components(s: Settings) -> list[Component]:
@@ -199,7 +201,7 @@ def components(s: Settings) -> list[Component]:
     genv = {**env, "REBALANCE_SPARK_REMOTE": s.connect_url}
     batch_seconds = 10
     kafka = s.events_source == "kafka"
-    sink = (["--bootstrap-servers", s.bootstrap, "--topic", s.topic] if kafka else [])
+    sink = ["--bootstrap-servers", s.bootstrap, "--topic", s.topic]
     broker = [Component("kafka", [py, "-m", "rebalance.cli", "kafka", "run",
                                   "--dir", str(s.data / "kafka"), "--port", str(s.kafka_port)],
                         env, port=s.kafka_port)] if kafka else []
@@ -226,7 +228,7 @@ def components(s: Settings) -> list[Component]:
                           "--window-seconds", str(s.window_seconds),
                           "--watermark-seconds", str(s.window_seconds // 2),
                           "--windows", "3", "--trigger-seconds", str(s.trigger_seconds),
-                          "--poll-seconds", "10", "--master", "local[2]",
+                          "--poll-seconds", "10", "--master", "local[2]", "--name", job_name(s),
                           *(["--source", "kafka", *sink] if kafka else [])],
                   env, ready_line="running", stop_signal=signal.SIGINT),
     ]
@@ -379,8 +381,7 @@ class Service:
         return started
 
     def _record_source(self) -> None:
-        """Record the events source ``down`` and ``status`` go by; refuse another one while
-        the service runs with the recorded one."""
+        """Record the source ``down`` / ``status`` go by (another one while it runs: refused)."""
         wanted = self.s.events_source
         recorded = dataclasses.replace(self.s, source=None).events_source
         if wanted != recorded and any(alive(r) for r in Service(

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rebalance.service import Service, ServiceError, Settings, components
+from rebalance.service import Service, ServiceError, Settings, airflow_env, components
 from rebalance.streaming.restart_checkpoint import RestartError, kafka_source_after
 
 
@@ -30,6 +30,8 @@ def test_delta_service_has_no_broker_and_no_kafka_options(tmp_path):
     for name in ("generator", "job"):
         argv = _argv(parts, name)
         assert not {"--sink", "--source", "--bootstrap-servers", "--topic"} & set(argv), argv
+    assert _option(_argv(parts, "job"), "--name") == "keyed"
+    assert airflow_env(_settings(tmp_path, source="delta"))["REBALANCE_JOB_NAME"] == "keyed"
 
 
 def test_kafka_service_starts_a_broker_first_and_points_generator_and_job_at_it(tmp_path):
@@ -46,6 +48,8 @@ def test_kafka_service_starts_a_broker_first_and_points_generator_and_job_at_it(
     assert (_option(gen, "--sink"), _option(gen, "--bootstrap-servers"),
             _option(gen, "--topic")) == ("kafka", "127.0.0.1:19192", "ev")
     assert job[1].endswith("spark_apps/restartable_job.py")
+    # Its own job name (a checkpoint keeps its source), which the DAG's restarts address.
+    assert _option(job, "--name") == airflow_env(s)["REBALANCE_JOB_NAME"] == "keyed-kafka"
     assert (_option(job, "--source"), _option(job, "--bootstrap-servers"),
             _option(job, "--topic")) == ("kafka", "127.0.0.1:19192", "ev")
     # The options parse as the apps parse them.
