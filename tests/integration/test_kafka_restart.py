@@ -1,0 +1,264 @@
+"""Controlled restarts of the restartable job reading a real Kafka broker, exactly once.
+
+The module starts its own single-node KRaft broker (``rebalance.kafka.Broker``) on a free
+port of 127.0.0.1 in a temporary folder and stops it at the end (both ports closed). One
+scenario, while a feeder thread keeps producing generator batches to the topic (2
+partitions):
+
+1. generation 0 (N = 2) reads the topic from its earliest offsets;
+2. a plan moving a quarter of the keys, same N: the checkpoint stays, so its Kafka
+   offsets go on (the moved keys' state is handed over inside the stream); the driver
+   "crashes" right after the old generation stopped past its export and a new driver
+   completes the restart from the ``restarts`` table;
+3. a scale out to N = 3: a new checkpoint, seeded with the re-keyed state, whose Kafka
+   source starts at the old checkpoint's last committed offsets (``startingOffsets``);
+   the driver crashes while it writes the migrated state and a new driver completes it;
+4. the feeder stops, the job drains.
+
+Results per key and window equal a pandas recomputation of every valid event produced
+(none lost, none counted twice), and so do the key and instance histograms of every
+closed window.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from service_helpers import free_port
+
+from rebalance.placement import default_instances
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "events"
+W_MS = 10_000
+T0_MS = 1_704_067_200_000
+# A generator batch spans 5 s of event time and the watermark lags 10 s: a micro-batch that
+# reads part of a batch (the producer writes partition by partition) never makes the
+# rest of it late, so every valid event counts (the oracle needs no watermark model).
+GEN = dict(n_keys=30, zipf=0.8, events_per_batch=150, batch_seconds=5.0, n_instances=2,
+           malformed_fraction=0.02, seed=13)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    from rebalance.kafka import Broker, BrokerSettings
+
+    port = free_port()
+    while _taken(port + 1):
+        port = free_port()
+    b = Broker(BrokerSettings(dir=tmp_path_factory.mktemp("kafka"), port=port), out=lambda _: None)
+    b.up()
+    try:
+        yield b
+    finally:
+        b.down()
+        assert not b.running()
+        assert not _taken(port) and not _taken(port + 1)
+
+
+def _taken(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Feeder(threading.Thread):
+    """Produces one generator batch to the topic every ``period`` seconds until stopped."""
+
+    def __init__(self, spark, gen, bootstrap, first, period=2.0, limit=80):
+        super().__init__(daemon=True)
+        self.spark, self.gen, self.bootstrap = spark, gen, bootstrap
+        self.next, self.period, self.limit = first, period, limit
+        self.halt = threading.Event()
+        self.error = None
+
+    def run(self):
+        from rebalance.streaming.generator import produce_batches
+
+        try:
+            while not self.halt.is_set() and self.next < self.limit:
+                produce_batches(self.spark, self.gen, [self.next], self.bootstrap, TOPIC)
+                self.next += 1
+                self.halt.wait(self.period)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def _expected(gen, batches) -> pd.DataFrame:
+    """Every valid event produced, with its window (relative to T0)."""
+    frames = []
+    for b in batches:
+        g = gen.batch(b)
+        ev = g.events[g.malformed.isna().to_numpy()]
+        ms = pd.to_datetime(ev.event_time, utc=True).astype("int64") // 1_000_000
+        frames.append(pd.DataFrame({"key": ev.key.to_numpy(),
+                                    "window": ((ms - ms % W_MS) - T0_MS).to_numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _plan(spark, root, keys, n, previous, fraction=0.25):
+    """Publish (as the DAG does for apply_mode restart) an assignment for ``n`` instances
+    moving ``fraction`` of the keys off their instance under ``previous`` = (routing, n)."""
+    from rebalance.spark import tables
+
+    tables.resize_assignments(spark, n, root)
+    before = _instance(keys, *previous)
+    default = default_instances(list(keys), n)
+    routing = {}
+    for k, b, d in list(zip(keys, before, default))[: int(len(keys) * fraction)]:
+        routing[k] = int((b + 1) % n) if (b + 1) % n != d else int((b + 2) % n)
+    version = tables.publish_assignment(spark, routing, n,
+                                        {"test": "kafka-restart", "apply_mode": "restart"}, root)
+    moved = float(np.mean(_instance(keys, routing, n) != before))
+    return {"version": version, "n": n, "routing": routing, "moved": moved}
+
+
+def _instance(keys, routing, n):
+    return np.array([routing.get(k, d) for k, d in zip(keys, default_instances(list(keys), n))])
+
+
+def _ids(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def _wait_commits(job, n=2, timeout=240.0):
+    commits = Path(job.generation.checkpoint, "commits")
+    count = lambda: len(_ids(commits)) if commits.is_dir() else 0  # noqa: E731
+    target, deadline = count() + n, time.monotonic() + timeout
+    while count() < target:
+        assert job.query.exception() is None, job.query.exception()
+        assert time.monotonic() < deadline, f"no {n} batches in {timeout} s"
+        time.sleep(0.2)
+
+
+def _crash_and_recover(job, step, spark, config):
+    """Execute the pending restart with a crash injected at ``step``, kill the driver's
+    query, start a new driver: it completes the restart from the ``restarts`` table."""
+    from rebalance.streaming.restart import RestartableJob, SimulatedCrash
+
+    job.faults.add(step)
+    with pytest.raises(SimulatedCrash, match=step):
+        job.poll()
+    job.hard_stop()
+    recovered = RestartableJob(spark, config)
+    recovered.start()
+    return recovered
+
+
+def _kafka_offsets(checkpoint: str, batch: int) -> dict:
+    """The Kafka offsets (after the batch) a checkpoint logged for ``batch``."""
+    return json.loads(Path(checkpoint, "offsets", str(batch)).read_text().splitlines()[2])
+
+
+def _table(spark, table, root) -> pd.DataFrame:
+    from rebalance.spark import tables
+
+    df = tables.read(spark, table, root).toPandas()
+    df["window"] = (pd.to_datetime(df.window_start).astype("int64") // 1_000_000
+                    - T0_MS).astype("int64")
+    return df
+
+
+def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path):
+    from rebalance.spark import tables
+    from rebalance.streaming.generator import EventGenerator, GeneratorConfig, produce_batches
+    from rebalance.streaming.job import JobConfig
+    from rebalance.streaming.restart import RestartableJob, request_restart
+
+    root = str(tmp_path / "tables")
+    config = JobConfig(n_instances=2, window_seconds=W_MS / 1000, n_windows=2,
+                       watermark_seconds=10, trigger_seconds=0.5, name="krestart",
+                       tables_root=root, checkpoint_root=str(tmp_path / "checkpoints"),
+                       source="kafka", bootstrap_servers=broker.bootstrap, topic=TOPIC)
+    gen = EventGenerator(GeneratorConfig(**GEN))
+    keys = list(gen.keys)
+    produce_batches(spark, gen, range(2), broker.bootstrap, TOPIC)
+    job = RestartableJob(spark, config)
+    job.start()
+    feeder = Feeder(spark, gen, broker.bootstrap, first=2)
+    feeder.start()
+    generations, requests, during = [job.generation], [], []
+    try:
+        _wait_commits(job)
+        # (a) Same N, a quarter of the keys move; crash right after the old generation
+        # stopped past its export.
+        p1 = _plan(spark, root, keys, 2, ({}, 2))
+        requests.append(request_restart(spark, p1["version"], 2, job=config.name, root=root))
+        produced = feeder.next
+        job = _crash_and_recover(job, "stop", spark, config)
+        generations.append(job.generation)
+        _wait_commits(job)
+        during.append(feeder.next - produced)
+
+        # (b) Scale out to N = 3 (a new checkpoint); crash while the state is written.
+        p2 = _plan(spark, root, keys, 3, (p1["routing"], 2))
+        requests.append(request_restart(spark, p2["version"], 3, job=config.name, root=root))
+        produced = feeder.next
+        job = _crash_and_recover(job, "state", spark, config)
+        generations.append(job.generation)
+        _wait_commits(job)
+        during.append(feeder.next - produced)
+    finally:
+        feeder.halt.set()
+        feeder.join()
+    assert feeder.error is None, feeder.error
+    job.process_all_available()
+    time.sleep(1.5)
+    job.process_all_available()
+    job.stop()
+
+    assert p1["moved"] >= 0.1 and p2["moved"] >= 0.1
+    statuses = [job.control.status(r) for r in requests]
+    assert [s["state"] for s in statuses] == ["acknowledged", "acknowledged"], statuses
+    assert statuses[0]["steps"] == ["requested", "started", "acknowledged"]
+    assert statuses[1]["steps"] == ["requested", "stopped", "state_written", "started",
+                                    "acknowledged"]
+    assert all(d > 0 for d in during), f"no batch produced during a restart: {during}"
+    g0, g1, g2 = generations
+    assert [g.number for g in generations] == [0, 1, 2]
+    assert [g.n_instances for g in generations] == [2, 2, 3]
+
+    # (a) Same N: the checkpoint stays and its Kafka offsets go on from batch to batch.
+    assert g1.in_place and g1.checkpoint == g0.checkpoint
+    logged = [_kafka_offsets(g1.checkpoint, b) for b in _ids(Path(g1.checkpoint, "commits"))]
+    for before, after in zip(logged, logged[1:]):
+        assert all(after[TOPIC][p] >= o for p, o in before[TOPIC].items())
+
+    # (b) Another N: the new checkpoint's source starts at the old one's last committed
+    # offsets; nothing the old one planned without committing is left in its log.
+    last = _ids(Path(g1.checkpoint, "commits"))[-1]
+    assert _ids(Path(g1.checkpoint, "offsets"))[-1] == last
+    assert g2.source["kafka_offsets"] == _kafka_offsets(g1.checkpoint, last)
+    assert g2.checkpoint != g1.checkpoint and g2.batch_offset == g1.batch_offset + last + 1
+    assert json.loads(Path(g2.checkpoint, "offsets", "0").read_text().splitlines()[2])
+
+    # Exactly once: every valid event produced counts once in the results.
+    expected = _expected(gen, range(feeder.next))
+    res = _table(spark, tables.RESULTS, root)
+    assert not res.duplicated(["batch_id", "key", "window", "instance"]).any()
+    pd.testing.assert_series_equal(
+        res.groupby(["key", "window"])["events"].sum().sort_index(),
+        expected.groupby(["key", "window"]).size().sort_index(), check_names=False)
+    assert set(res[res.batch_id >= g2.batch_offset].instance) == {0, 1, 2}
+
+    # Closed windows: key and instance histograms equal the events of the window.
+    kh = _table(spark, tables.KEY_HISTOGRAMS, root)
+    closed = sorted(kh.window.unique())
+    assert len(closed) >= 4, closed
+    want = expected[expected.window.isin(closed)]
+    pd.testing.assert_series_equal(
+        kh.groupby(["key", "window"])["count"].sum().sort_index(),
+        want.groupby(["key", "window"]).size().sort_index(), check_names=False)
+    ih = _table(spark, tables.INSTANCE_HISTOGRAMS, root)
+    assert not ih.duplicated(["window", "instance"]).any()
+    pd.testing.assert_series_equal(ih.groupby("window")["events"].sum().sort_index(),
+                                   want.groupby("window").size().sort_index(),
+                                   check_names=False)
