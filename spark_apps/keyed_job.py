@@ -5,7 +5,9 @@
     spark-submit spark_apps/keyed_job.py --instances 4
 
 Writes ``results``, ``key_histograms``, ``instance_histograms`` and
-``quarantine`` exactly once, routing keys by the latest published assignment.
+``quarantine`` exactly once, routing keys by the latest published assignment. An event
+whose ``event_id`` its key saw within the watermark is dropped and counted in
+``instance_histograms.duplicates`` (``--no-dedup``: counted as a new event).
 """
 
 from __future__ import annotations

@@ -58,9 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = job_config_from_args(args)
-        if config.dedup:
-            raise JobError("the restartable job runs without --dedup (--dedup: "
-                           "spark_apps/keyed_job.py)")
         job = RestartableJob(spark_from_args(args, f"rebalance-{args.name}"), config,
                              pin_assignment=args.pin_assignment,
                              hold_seconds=args.hold_seconds, full_restart=args.full_restart)

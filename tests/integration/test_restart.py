@@ -183,7 +183,8 @@ def _handed_over(spark, checkpoint):
     return {r.key: (r.label, r.value) for r in rows.where("handoff = 'in'").selectExpr(
         "label", "key", "to_json(named_struct('key_group', key_group, 'default_instance', "
         "default_instance, 'version', state_version, 'windows', windows, 'counts', counts, "
-        "'sums', sums, 'costs', costs)) AS value").collect()}
+        "'sums', sums, 'costs', costs, 'seen_ids', seen_ids, 'seen_times', seen_times)) "
+        "AS value").collect()}
 
 
 @pytest.fixture(scope="module")

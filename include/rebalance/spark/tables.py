@@ -133,9 +133,12 @@ KEY_HISTOGRAMS = Table(
 INSTANCE_HISTOGRAMS = Table(
     "instance_histograms",
     "window_start TIMESTAMP, instance INT, load DOUBLE, events BIGINT, keys BIGINT, "
-    "task_ms DOUBLE, cpu_ms DOUBLE, partition_id INT, assignment_version BIGINT, batch_id BIGINT",
-    "Per closed window and instance: load (sum of cost), events, distinct keys, and the time "
-    "the operator spent on the window's events (wall clock and CPU).")
+    "task_ms DOUBLE, cpu_ms DOUBLE, partition_id INT, assignment_version BIGINT, batch_id BIGINT, "
+    "duplicates BIGINT",
+    "Per closed window and instance: load (sum of cost), events, distinct keys, the time "
+    "the operator spent on the window's events (wall clock and CPU), and the events it "
+    "dropped as duplicates (an event_id its key saw within the watermark; NULL in rows "
+    "written before the column was added).")
 ASSIGNMENTS = Table(
     "assignments", "key STRING, instance INT",
     "Routing table over the default placement, one Delta version per publish (see module doc).",
@@ -209,8 +212,20 @@ def exists(spark: SparkSession, table: Table, root: str | Path | None = None) ->
 
 def ensure_table(spark: SparkSession, table: Table, root: str | Path | None = None,
                  properties: Mapping[str, str] | None = None) -> str:
-    """Create the table if it does not exist (version 0, no rows); return its path."""
+    """Create the table if it does not exist (version 0, no rows); return its path.
+
+    A table created by an earlier release gets the columns added to its schema since
+    (``ALTER TABLE ADD COLUMNS``, NULL in the rows it holds); a column is never dropped
+    or changed.
+    """
     path = table.path(root)
+    if exists(spark, table, root):
+        have = set(spark.read.format("delta").load(str(path)).columns)
+        missing = [f for f in table.schema.fields if f.name not in have]
+        if missing:
+            spark.sql(f"ALTER TABLE {sql_name(path)} ADD COLUMNS (" + ", ".join(
+                f"`{f.name}` {f.dataType.simpleString().upper()}" for f in missing) + ")")
+        return path
     props = {**table.properties, **(properties or {})}
     ddl = f"CREATE TABLE IF NOT EXISTS {sql_name(path)} ({table.schema_ddl}) USING delta"
     if props:

@@ -54,9 +54,10 @@ def add_job_options(parser: argparse.ArgumentParser, *, trigger_seconds: float |
                        help="job name (checkpoint folder, query names, restart requests)")
     group.add_argument("--checkpoint-root",
                        help="folder of the checkpoints (default: $REBALANCE_DATA_DIR/checkpoints)")
-    group.add_argument("--dedup", action="store_true",
-                       help="drop events whose event_id was seen within the watermark "
-                            "(producer retries; dropDuplicatesWithinWatermark)")
+    group.add_argument("--dedup", action=argparse.BooleanOptionalAction, default=d.dedup,
+                       help="drop events whose event_id their key saw within the watermark "
+                            "(producer retries), counted in instance_histograms.duplicates "
+                            "(default: on; can be switched for an existing checkpoint)")
     src = parser.add_argument_group("source")
     src.add_argument("--source", choices=("delta", "kafka"), default=d.source,
                      help="read the Delta table events (default) or a Kafka topic")

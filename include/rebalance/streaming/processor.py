@@ -6,10 +6,12 @@ events an instance received in a micro-batch. Its state, per instance:
 
 * ``perkey`` (MapState, user key = the event key): the key's aggregates of the
   windows it still needs (:class:`KeyWindows`), for the sliding count and sum
-  over the last ``w`` windows;
+  over the last ``w`` windows, and (with ``dedup``) the ids and event times of the
+  key's events still within the watermark;
 * ``perwindow`` (MapState, user key = window start): the instance's events,
-  load (sum of cost) and operator time of each open window (wall-clock, and
-  CPU time of the operator's thread: robust when other processes share the cores);
+  load (sum of cost), operator time (wall-clock, and CPU time of the operator's
+  thread: robust when other processes share the cores) and duplicates dropped of
+  each open window;
 * an event-time timer at the end of each open window.
 
 Outputs, as rows of one union schema (``kind`` tells them apart):
@@ -18,14 +20,25 @@ Outputs, as rows of one union schema (``kind`` tells them apart):
   window's running count and sum, and the sliding count and sum over the last
   ``w`` windows ending at that window (later windows whose sliding aggregate
   changed are emitted again, with ``events = 0``);
-* ``key_histogram`` / ``instance_histogram``: once per window, when the
+* ``key_histogram`` / ``instance_histogram`` (with ``duplicates``): once per window, when the
   watermark passes its end (window closed). Spark drops events older than the
   watermark before they reach the operator (late events, reported as
   ``numRowsDroppedByWatermark`` in the query progress), so a closed window never
   changes and each histogram row is final.
 
+Duplicates (``dedup``, on by default): every copy of an event carries its key, so the
+operator sees all of them in the key's group. An event whose ``event_id`` the key's
+state holds (or that came earlier in the same batch) is dropped before anything counts
+it, and counted in the window's ``duplicates``. An id is kept while its event time plus
+the watermark delay is at or above the watermark (``dropDuplicatesWithinWatermark``'s
+rule); a later copy is late and Spark drops it before the operator anyway. The ids live
+in the key's state, so they move with the key in every state migration of a restart.
+The state layout is the same with dedup off (empty lists): switching it needs no new
+checkpoint.
+
 The pure helpers (:class:`KeyWindows`, :func:`state_bytes`,
-:func:`windows_to_emit`) hold the window arithmetic and are unit-tested without Spark.
+:func:`windows_to_emit`) hold the window and duplicate arithmetic and are unit-tested
+without Spark.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
@@ -49,8 +63,10 @@ STATE_KEY_BYTES = 16
 STATE_WINDOW_BYTES = 32
 
 PERKEY_VALUE_DDL = ("key_group INT, default_instance INT, version BIGINT, windows ARRAY<BIGINT>, "
-                    "counts ARRAY<BIGINT>, sums ARRAY<DOUBLE>, costs ARRAY<DOUBLE>")
-PERWINDOW_VALUE_DDL = "events BIGINT, load DOUBLE, task_ns BIGINT, cpu_ns BIGINT, version BIGINT"
+                    "counts ARRAY<BIGINT>, sums ARRAY<DOUBLE>, costs ARRAY<DOUBLE>, "
+                    "seen_ids ARRAY<STRING>, seen_times ARRAY<BIGINT>")
+PERWINDOW_VALUE_DDL = ("events BIGINT, load DOUBLE, task_ns BIGINT, cpu_ns BIGINT, version BIGINT, "
+                       "duplicates BIGINT")
 
 #: Output of the operator: column -> pandas dtype (nullable, so unused columns stay NULL).
 OUTPUT_COLUMNS: dict[str, str] = {
@@ -59,15 +75,17 @@ OUTPUT_COLUMNS: dict[str, str] = {
     "assignment_version": "Int64", "events": "Int64", "count": "Int64", "sum": "float64",
     "sliding_count": "Int64", "sliding_sum": "float64", "cost": "float64",
     "state_bytes": "Int64", "load": "float64", "task_ms": "float64", "cpu_ms": "float64",
-    "keys": "Int64",
+    "keys": "Int64", "duplicates": "Int64",
     # A key's state handed over by a restart (kind HANDOFF), for its new label.
     "label": "Int32", "state_version": "Int64", "merge": "boolean", "windows": "object",
-    "counts": "object", "sums": "object", "costs": "object",
+    "counts": "object", "sums": "object", "costs": "object", "seen_ids": "object",
+    "seen_times": "object",
 }
 _SPARK_TYPES = {"object": "STRING", "Int64": "BIGINT", "Int32": "INT", "float64": "DOUBLE",
                 "boolean": "BOOLEAN"}
 _ARRAY_TYPES = {"windows": "ARRAY<BIGINT>", "counts": "ARRAY<BIGINT>", "sums": "ARRAY<DOUBLE>",
-                "costs": "ARRAY<DOUBLE>"}
+                "costs": "ARRAY<DOUBLE>", "seen_ids": "ARRAY<STRING>",
+                "seen_times": "ARRAY<BIGINT>"}
 OUTPUT_DDL = ", ".join(f"{name} {_ARRAY_TYPES.get(name) or _SPARK_TYPES[dtype]}"
                        for name, dtype in OUTPUT_COLUMNS.items())
 
@@ -83,7 +101,9 @@ HANDOFF, EXPORTED = "handoff", "exported"
 INITIAL_STATE_DDL = (
     "label INT, kind STRING, key STRING, key_group INT, default_instance INT, version BIGINT, "
     "windows ARRAY<BIGINT>, counts ARRAY<BIGINT>, sums ARRAY<DOUBLE>, costs ARRAY<DOUBLE>, "
-    "window_start_ms BIGINT, events BIGINT, load DOUBLE, task_ns BIGINT, cpu_ns BIGINT")
+    "seen_ids ARRAY<STRING>, seen_times ARRAY<BIGINT>, "
+    "window_start_ms BIGINT, events BIGINT, load DOUBLE, task_ns BIGINT, cpu_ns BIGINT, "
+    "duplicates BIGINT")
 PERKEY, PERWINDOW = "perkey", "perwindow"
 
 #: State handed over inside the stream by a controlled restart that keeps its checkpoint
@@ -98,7 +118,8 @@ PERKEY, PERWINDOW = "perkey", "perwindow"
 #: events and load to its open windows. Event rows have these columns NULL.
 HANDOFF_COLUMNS_DDL = ("handoff STRING, merge BOOLEAN, state_version BIGINT, "
                        "windows ARRAY<BIGINT>, counts ARRAY<BIGINT>, sums ARRAY<DOUBLE>, "
-                       "costs ARRAY<DOUBLE>, routing_keys ARRAY<STRING>, "
+                       "costs ARRAY<DOUBLE>, seen_ids ARRAY<STRING>, seen_times ARRAY<BIGINT>, "
+                       "routing_keys ARRAY<STRING>, "
                        "routing_instances ARRAY<INT>")
 HANDOFF_EXPORT, HANDOFF_IN = "export", "in"
 
@@ -125,10 +146,28 @@ def windows_to_emit(updated: Iterable[int], held: Sequence[int], window_ms: int,
     return [t for t in held if any(u <= t < u + span for u in marks)]
 
 
+def dedup_horizon(watermark: int, delay_ms: int) -> int:
+    """Event time below which a key forgets event ids: an id is kept while its event time
+    plus the watermark delay is at or above the watermark (``dropDuplicatesWithinWatermark``)."""
+    return watermark - delay_ms
+
+
+def _ints(values: Any) -> list[int]:
+    """A state array as ints (NULL, as read from an older layout, is empty)."""
+    return [] if values is None or (isinstance(values, float) and values != values) \
+        else [int(v) for v in values]
+
+
+def _strs(values: Any) -> list[str]:
+    return [] if values is None or (isinstance(values, float) and values != values) \
+        else [str(v) for v in values]
+
+
 @dataclass
 class KeyWindows:
     """One key's state: its key group, default instance, last assignment version, and
-    count / sum of value / sum of cost per window, windows sorted by start."""
+    count / sum of value / sum of cost per window, windows sorted by start; and the ids of
+    its events still within the watermark, with their event times (``dedup``)."""
 
     key_group: int
     default_instance: int
@@ -137,6 +176,8 @@ class KeyWindows:
     counts: list[int] = field(default_factory=list)
     sums: list[float] = field(default_factory=list)
     costs: list[float] = field(default_factory=list)
+    seen_ids: list[str] = field(default_factory=list)
+    seen_times: list[int] = field(default_factory=list)
 
     @classmethod
     def from_state(cls, value: tuple | None, key_group: int, default_instance: int,
@@ -144,13 +185,48 @@ class KeyWindows:
         """From a ``perkey`` state value, or empty when the key has no state yet."""
         if value is None:
             return cls(key_group, default_instance, version)
-        kg, default, ver, windows, counts, sums, costs = value
+        kg, default, ver, windows, counts, sums, costs, *seen = value
+        ids, times = (seen + [None, None])[:2]
         return cls(int(kg), int(default), int(ver), [int(w) for w in windows],
-                   [int(c) for c in counts], [float(s) for s in sums], [float(c) for c in costs])
+                   [int(c) for c in counts], [float(s) for s in sums], [float(c) for c in costs],
+                   _strs(ids), _ints(times))
 
     def to_state(self) -> tuple:
         return (self.key_group, self.default_instance, self.version, list(self.windows),
-                list(self.counts), list(self.sums), list(self.costs))
+                list(self.counts), list(self.sums), list(self.costs), list(self.seen_ids),
+                list(self.seen_times))
+
+    def remember(self, ids: Iterable[str], times: Iterable[int]) -> list[bool]:
+        """For each event (id, event time ms): True when it is a duplicate (its id is held,
+        or came earlier in ``ids``); the ids of the others are held from now on."""
+        seen = set(self.seen_ids)
+        out = []
+        for event_id, when in zip(ids, times):
+            duplicate = event_id in seen
+            if not duplicate:
+                seen.add(event_id)
+                self.seen_ids.append(event_id)
+                self.seen_times.append(int(when))
+            out.append(duplicate)
+        return out
+
+    def forget(self, horizon: int) -> bool:
+        """Drop the ids of events before ``horizon`` (:func:`dedup_horizon`); True if any."""
+        keep = [i for i, t in enumerate(self.seen_times) if t >= horizon]
+        if len(keep) == len(self.seen_times):
+            return False
+        self.seen_ids = [self.seen_ids[i] for i in keep]
+        self.seen_times = [self.seen_times[i] for i in keep]
+        return True
+
+    def merge_seen(self, ids: Iterable[str], times: Iterable[int]) -> None:
+        """Hold the ids of another part of the key's state too (a key split by a live switch)."""
+        self.remember(ids, times)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing left to hold: no window and no id."""
+        return not self.windows and not self.seen_ids
 
     def add(self, window: int, count: int, total: float, cost: float) -> None:
         """Add events of one window (inserted in start order if new)."""
@@ -199,6 +275,9 @@ class ProcessorSettings:
     n_windows: int
     emit_histograms: bool = True
     work_us_per_cost: float = 0.0
+    #: Drop events whose id the key saw within the watermark of ``dedup_ms`` (the delay).
+    dedup: bool = False
+    dedup_ms: int = 0
 
 
 def burn_cpu(seconds: float) -> None:
@@ -253,11 +332,15 @@ class KeyedWindowProcessor(StatefulProcessor):
                 self._take_over(rows[rows["handoff"] == HANDOFF_IN], watermark)
                 exports = rows[rows["handoff"] == HANDOFF_EXPORT]
                 frame = frame[~handoff]
+        states = self._load_keys(frame)
+        duplicates: dict[int, int] = {}
+        if self.settings.dedup and len(frame):
+            frame, duplicates = self._drop_duplicates(frame, states, watermark)
         if self.settings.work_us_per_cost:
             burn_cpu(float(frame["cost"].sum()) * self.settings.work_us_per_cost / 1e6)
-        results = self._update_keys(frame, instance)
+        results = self._update_keys(frame, instance, states)
         self._update_windows(frame, time.perf_counter_ns() - started,
-                             time.thread_time_ns() - cpu_started)
+                             time.thread_time_ns() - cpu_started, duplicates)
         if exports is not None and len(exports):
             results += self._give_away(exports.iloc[0], instance, watermark)
         yield output_frame(results)
@@ -271,12 +354,14 @@ class KeyedWindowProcessor(StatefulProcessor):
                 self.perkey.updateValue((row.key,), (
                     int(row.key_group), int(row.default_instance), int(row.version),
                     [int(v) for v in row.windows], [int(v) for v in row.counts],
-                    [float(v) for v in row.sums], [float(v) for v in row.costs]))
+                    [float(v) for v in row.sums], [float(v) for v in row.costs],
+                    _strs(row.seen_ids), _ints(row.seen_times)))
             elif row.kind == PERWINDOW:
                 window = int(row.window_start_ms)
+                dups = row.duplicates
                 self.perwindow.updateValue((window,), (
                     int(row.events), float(row.load), int(row.task_ns), int(row.cpu_ns),
-                    int(row.version)))
+                    int(row.version), 0 if pd.isna(dups) else int(dups)))
                 self.handle.registerTimer(window + self.settings.window_ms)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
@@ -309,7 +394,8 @@ class KeyedWindowProcessor(StatefulProcessor):
                         "key_group": state.key_group, "default_instance": state.default_instance,
                         "assignment_version": version, "state_version": state.version,
                         "merge": merge, "windows": state.windows, "counts": state.counts,
-                        "sums": state.sums, "costs": state.costs})
+                        "sums": state.sums, "costs": state.costs, "seen_ids": state.seen_ids,
+                        "seen_times": state.seen_times})
         self._apply_shift(moved)
         return out + [{"kind": EXPORTED, "instance": instance, "partition_id": partition,
                        "keys": len(out), "assignment_version": version}]
@@ -325,7 +411,8 @@ class KeyedWindowProcessor(StatefulProcessor):
             state = KeyWindows(int(row.key_group), int(row.default_instance),
                                int(row.state_version), [int(v) for v in row.windows],
                                [int(v) for v in row.counts], [float(v) for v in row.sums],
-                               [float(v) for v in row.costs])
+                               [float(v) for v in row.costs], _strs(row.seen_ids),
+                               _ints(row.seen_times))
             self._shift(moved, state, 1, int(row.assignment_version), watermark)
             held = self.perkey.getValue((row.key,)) if merge else None
             if held is not None:     # the key also has state here (split by a live switch)
@@ -333,6 +420,7 @@ class KeyedWindowProcessor(StatefulProcessor):
                 mine.version = max(mine.version, state.version)
                 for w, c, t, k in zip(state.windows, state.counts, state.sums, state.costs):
                     mine.add(w, c, t, k)
+                mine.merge_seen(state.seen_ids, state.seen_times)
                 state = mine
             self.perkey.updateValue((row.key,), state.to_state())
         self._apply_shift(moved)
@@ -355,17 +443,44 @@ class KeyedWindowProcessor(StatefulProcessor):
                 if events <= 0:
                     continue
                 self.handle.registerTimer(w + self.settings.window_ms)
-                old = (0, 0.0, 0, 0, 0)
+                old = (0, 0.0, 0, 0, 0, 0)
             total = int(old[0]) + events
-            if total > 0:
-                self.perwindow.updateValue((w,), (total, float(old[1]) + load, int(old[2]),
-                                                  int(old[3]), max(int(old[4]), version)))
+            if total > 0 or int(old[5]):     # duplicates stay with the instance that dropped them
+                self.perwindow.updateValue((w,), (max(total, 0), float(old[1]) + load,
+                                                  int(old[2]), int(old[3]),
+                                                  max(int(old[4]), version), int(old[5])))
             else:
                 self.perwindow.removeKey((w,))
 
     # ------------------------------------------------------------------ per key
 
-    def _update_keys(self, frame: pd.DataFrame, instance: int) -> list[dict[str, Any]]:
+    def _load_keys(self, frame: pd.DataFrame) -> dict[str, KeyWindows]:
+        """The state of every key of the batch (one read each)."""
+        firsts = frame.drop_duplicates("key")
+        return {key: KeyWindows.from_state(self.perkey.getValue((key,)), int(kg), int(default),
+                                           int(version))
+                for key, kg, default, version in zip(
+                    firsts["key"], firsts["key_group"], firsts["default_instance"],
+                    firsts["assignment_version"])}
+
+    def _drop_duplicates(self, frame: pd.DataFrame, states: dict[str, KeyWindows],
+                         watermark: int) -> tuple[pd.DataFrame, dict[int, int]]:
+        """The batch without events whose id its key saw within the watermark, and the
+        number dropped per window."""
+        horizon = dedup_horizon(watermark, self.settings.dedup_ms)
+        ids, times = frame["event_id"].to_numpy(), frame["event_time_ms"].to_numpy()
+        duplicate = np.zeros(len(frame), dtype=bool)
+        for key, index in frame.groupby("key", sort=False).indices.items():
+            state = states[key]
+            state.forget(horizon)
+            duplicate[index] = state.remember(ids[index], times[index])
+        if not duplicate.any():
+            return frame, {}
+        counts = frame.loc[duplicate, "window_start_ms"].value_counts()
+        return frame[~duplicate], {int(w): int(c) for w, c in counts.items()}
+
+    def _update_keys(self, frame: pd.DataFrame, instance: int,
+                     states: dict[str, KeyWindows]) -> list[dict[str, Any]]:
         s = self.settings
         per = (frame.groupby(["key", "window_start_ms"], sort=True)
                .agg(events=("value", "size"), total=("value", "sum"), cost=("cost", "sum"),
@@ -377,9 +492,7 @@ class KeyedWindowProcessor(StatefulProcessor):
         out: list[dict[str, Any]] = []
         for key, group in itertools.groupby(per.itertuples(index=False), key=lambda r: r.key):
             group = list(group)
-            first = group[0]
-            state = KeyWindows.from_state(self.perkey.getValue((key,)), int(first.key_group),
-                                          int(first.default_instance), int(first.version))
+            state = states[key]
             routed_by = max(int(r.version) for r in group)   # this batch's assignment version
             state.version = max(state.version, routed_by)
             added = {int(r.window_start_ms): int(r.events) for r in group}
@@ -398,23 +511,26 @@ class KeyedWindowProcessor(StatefulProcessor):
 
     # ------------------------------------------------------------------ per window
 
-    def _update_windows(self, frame: pd.DataFrame, elapsed_ns: int, cpu_ns: int) -> None:
-        """Add the batch's events, load and operator time (wall and CPU, split by events) to
-        each window."""
+    def _update_windows(self, frame: pd.DataFrame, elapsed_ns: int, cpu_ns: int,
+                        duplicates: dict[int, int]) -> None:
+        """Add the batch's events, load, operator time (wall and CPU, split by events) and
+        duplicates dropped to each window."""
         per = frame.groupby("window_start_ms").agg(
             events=("value", "size"), load=("cost", "sum"), version=("assignment_version", "max"))
-        total_events = int(per["events"].sum())
-        for window, row in per.iterrows():
-            window = int(window)
-            share = int(row.events) / total_events
+        added = {int(w): (int(r.events), float(r.load), int(r.version))
+                 for w, r in zip(per.index, per.itertuples(index=False))}
+        total_events = sum(events for events, _, _ in added.values())
+        for window in sorted(added.keys() | duplicates.keys()):
+            events, load, version = added.get(window, (0, 0.0, 0))
+            share = events / total_events if total_events else 0.0
             old = self.perwindow.getValue((window,))
             if old is None:
                 self.handle.registerTimer(window + self.settings.window_ms)
-                old = (0, 0.0, 0, 0, 0)
+                old = (0, 0.0, 0, 0, 0, 0)
             self.perwindow.updateValue((window,), (
-                int(old[0]) + int(row.events), float(old[1]) + float(row.load),
+                int(old[0]) + events, float(old[1]) + load,
                 int(old[2]) + round(elapsed_ns * share), int(old[3]) + round(cpu_ns * share),
-                max(int(old[4]), int(row.version))))
+                max(int(old[4]), version), int(old[5] or 0) + duplicates.get(window, 0)))
 
     def _close_windows(self, instance: int, watermark: int) -> Iterator[pd.DataFrame]:
         """Emit histograms of the windows the watermark closed, then drop unneeded state."""
@@ -432,8 +548,11 @@ class KeyedWindowProcessor(StatefulProcessor):
                 keys_in[window] += 1
                 if s.emit_histograms:
                     key_rows.append(self._key_histogram(key, state, window, instance, partition))
-            if state.prune(watermark, s.window_ms, s.n_windows):
-                if state.windows:
+            changed = state.prune(watermark, s.window_ms, s.n_windows)
+            if state.forget(dedup_horizon(watermark, s.dedup_ms)):
+                changed = True
+            if changed:
+                if not state.empty:
                     self.perkey.updateValue((key,), state.to_state())
                 else:
                     self.perkey.removeKey((key,))
@@ -441,8 +560,9 @@ class KeyedWindowProcessor(StatefulProcessor):
             {"kind": INSTANCE_HISTOGRAM, "window_start_ms": window, "instance": instance,
              "load": float(load), "events": int(events), "keys": keys_in[window],
              "task_ms": int(task_ns) / 1e6, "cpu_ms": int(cpu_ns) / 1e6,
-             "partition_id": partition, "assignment_version": int(version)}
-            for window, (events, load, task_ns, cpu_ns, version) in sorted(closing.items())]
+             "partition_id": partition, "assignment_version": int(version),
+             "duplicates": int(dups or 0)}
+            for window, (events, load, task_ns, cpu_ns, version, dups) in sorted(closing.items())]
         for window in closing:
             self.perwindow.removeKey((window,))
         if s.emit_histograms:

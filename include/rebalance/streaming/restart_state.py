@@ -29,7 +29,7 @@ def read_state(spark: SparkSession, generation: Generation,
     if last_batch is None:
         if generation.state_path is None:
             return pd.DataFrame(columns=columns)
-        return spark.read.parquet(generation.state_path).toPandas()[columns]
+        return spark.read.parquet(generation.state_path).toPandas().reindex(columns=columns)
 
     def load(name: str) -> DataFrame:
         return (spark.read.format("statestore").option("path", generation.checkpoint)
@@ -38,14 +38,20 @@ def read_state(spark: SparkSession, generation: Generation,
     perkey = load(PERKEY).select(
         F.col("key.label").cast("int").alias("label"), F.lit(PERKEY).alias("kind"),
         F.col("user_map_key.key").alias("key"), "user_map_value.*")
-    perwindow = load(PERWINDOW).select(
+    perwindow = load(PERWINDOW)
+    # A checkpoint of an earlier layout has no duplicates (nor seen ids: NULL, read as empty).
+    held = set(perwindow.select("user_map_value.*").columns)
+    perwindow = perwindow.select(
         F.col("key.label").cast("int").alias("label"), F.lit(PERWINDOW).alias("kind"),
         F.col("user_map_key.window_start_ms").alias("window_start_ms"),
         *[F.col(f"user_map_value.{c}").alias(c if c != "version" else "window_version")
-          for c in ("events", "load", "task_ns", "cpu_ns", "version")])
+          for c in ("events", "load", "task_ns", "cpu_ns", "version")],
+        (F.col("user_map_value.duplicates") if "duplicates" in held
+         else F.lit(0).cast("bigint")).alias("duplicates"))
     perwindow = perwindow.withColumnRenamed("window_version", "version")
     both = perkey.unionByName(perwindow, allowMissingColumns=True)
-    return both.select(columns).toPandas()
+    return both.select([c if c in both.columns else F.lit(None).alias(c)
+                        for c in columns]).toPandas()
 
 
 def migrate_state(state: pd.DataFrame, old_n: int, new_n: int, routing: dict[str, int],
@@ -55,9 +61,10 @@ def migrate_state(state: pd.DataFrame, old_n: int, new_n: int, routing: dict[str
     Every key goes to the label of its instance under the new assignment; the
     values of a key are copied as they are (its default instance is recomputed
     only when N changes; a key held by two labels, after an earlier live switch,
-    is merged). Each open window (one the old state still tracked per instance)
-    gets, per new instance, the events and load of the keys it now holds (the
-    operator's invariant), the operator time its instance had, and a timer.
+    is merged, its seen event ids too). Each open window (one the old state still
+    tracked per instance) gets, per new instance, the events and load of the keys it
+    now holds (the operator's invariant), the operator time and the duplicates its
+    instance had (instance ``i`` of the old N goes to ``i mod`` new N), and a timer.
     """
     old_instance = {label: i for i, label in enumerate(instance_labels(old_n))}
     new_labels = np.array(instance_labels(new_n))
@@ -88,11 +95,17 @@ def migrate_state(state: pd.DataFrame, old_n: int, new_n: int, routing: dict[str
     old = perwindow.assign(
         instance=perwindow["label"].map(old_instance).astype(int) % new_n)
     old["label"] = new_labels[old["instance"].to_numpy()] if len(old) else []
+    if "duplicates" not in old:
+        old["duplicates"] = 0
+    old["duplicates"] = old["duplicates"].fillna(0).astype("int64")
     timing = (old.groupby(["label", "window_start_ms"], as_index=False)
               .agg(task_ns=("task_ns", "sum"), cpu_ns=("cpu_ns", "sum"),
-                   old_version=("version", "max")))
-    windows = windows.merge(timing, on=["label", "window_start_ms"], how="left")
-    windows = windows[windows.events > 0]
+                   old_version=("version", "max"), duplicates=("duplicates", "sum")))
+    windows = windows.merge(timing, on=["label", "window_start_ms"], how="outer")
+    windows = windows.assign(events=windows.events.fillna(0).astype("int64"),
+                             load=windows.load.fillna(0.0).astype("float64"),
+                             duplicates=windows.duplicates.fillna(0).astype("int64"))
+    windows = windows[(windows.events > 0) | (windows.duplicates > 0)]
     windows = windows.assign(
         kind=PERWINDOW, task_ns=windows.task_ns.fillna(0).astype("int64"),
         cpu_ns=windows.cpu_ns.fillna(0).astype("int64"),
@@ -114,8 +127,12 @@ def _merge_duplicate_keys(perkey: pd.DataFrame) -> pd.DataFrame:
             for r in group.itertuples(index=False):
                 for w, c, s, k in zip(r.windows, r.counts, r.sums, r.costs):
                     merged.add(int(w), int(c), float(s), float(k))
+                seen = getattr(r, "seen_ids", None)
+                if isinstance(seen, (list, tuple, np.ndarray)):
+                    merged.merge_seen([str(i) for i in seen], [int(t) for t in r.seen_times])
             first["windows"], first["counts"] = merged.windows, merged.counts
             first["sums"], first["costs"] = merged.sums, merged.costs
+            first["seen_ids"], first["seen_times"] = merged.seen_ids, merged.seen_times
             first["version"] = merged.version
         rows.append(first)
     return pd.DataFrame(rows)
@@ -125,17 +142,24 @@ def write_state(spark: SparkSession, frame: pd.DataFrame, path: str) -> None:
     """Write migrated state rows as Parquet (overwrite: re-running the step is safe)."""
     schema = spark.createDataFrame([], INITIAL_STATE_DDL).schema
     parts = {PERKEY: ["label", "kind", "key", "key_group", "default_instance", "version",
-                      "windows", "counts", "sums", "costs"],
+                      "windows", "counts", "sums", "costs", "seen_ids", "seen_times"],
              PERWINDOW: ["label", "kind", "window_start_ms", "events", "load", "task_ns",
-                         "cpu_ns", "version"]}
+                         "cpu_ns", "version", "duplicates"]}
     df = spark.createDataFrame([], schema)
     for kind, columns in parts.items():
-        rows = frame.loc[frame.kind == kind, columns]
+        rows = frame.loc[frame.kind == kind].reindex(columns=columns)
+        if kind == PERKEY:      # state of an earlier layout: no seen ids
+            for c in ("seen_ids", "seen_times"):
+                rows[c] = [v if isinstance(v, (list, tuple, np.ndarray)) else []
+                           for v in rows[c]]
+        else:
+            rows["duplicates"] = rows["duplicates"].fillna(0)
         if len(rows):
             rows = rows.astype({c: t for c, t in {
                 "label": "int32", "key_group": "int32", "default_instance": "int32",
                 "version": "int64", "window_start_ms": "int64", "events": "int64",
-                "load": "float64", "task_ns": "int64", "cpu_ns": "int64"}.items()
+                "load": "float64", "task_ns": "int64", "cpu_ns": "int64",
+                "duplicates": "int64"}.items()
                 if c in columns})
             sub = spark.createDataFrame(rows, schema=_sub_schema(schema, columns))
             df = df.unionByName(sub, allowMissingColumns=True)
