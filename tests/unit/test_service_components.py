@@ -100,3 +100,54 @@ def test_kafka_restart_starts_at_the_old_checkpoints_offsets():
                 {"ev": {"0": -1}}, {"ev": {"0": 1}, "x": {"0": 1}}):
         with pytest.raises(RestartError, match="not one of Kafka topic"):
             kafka_source_after(bad, "ev")
+
+
+def test_live_generator_to_kafka_continues_its_recorded_stream(tmp_path):
+    import dataclasses
+
+    from rebalance.streaming.generator import GeneratorConfig, kafka_follow_record, kafka_follow_start
+
+    record = kafka_follow_record(tmp_path / "tables", "ev")
+    assert record == tmp_path / "tables" / "_kafka_follow" / "ev.json"
+    config = GeneratorConfig(batch_seconds=10.0)
+    # Nothing recorded: a new stream from now, rounded down to a batch, from batch 0.
+    assert kafka_follow_start(config, record, now=1_700_000_005.0) == ("2023-11-14T22:13:20Z", 0)
+    record.parent.mkdir(parents=True)
+    options = {k: v for k, v in config.to_dict().items() if k != "start"}
+    record.write_text(json.dumps({"start": "2023-11-14T20:00:00Z", "options": options,
+                                  "last_batch": 41}))
+    assert kafka_follow_start(config, record, now=1_700_000_005.0) == ("2023-11-14T20:00:00Z", 42)
+    # Other options: another stream (a new start, from batch 0).
+    other = dataclasses.replace(config, seed=config.seed + 1)
+    assert kafka_follow_start(other, record, now=1_700_000_005.0)[1] == 0
+
+
+def test_follow_hands_each_due_batch_to_its_writer_after_the_recorded_one():
+    import threading
+
+    from rebalance.streaming.generator import GeneratorConfig, follow
+
+    config = GeneratorConfig(batch_seconds=10.0, start="2023-11-14T22:13:20Z")
+    start = 1_700_000_000.0
+    now, written = [start + 25.0], []
+
+    class Stop(threading.Event):     # simulated time: a wait moves the clock on at once
+        def wait(self, timeout=None):
+            now[0] += timeout
+            return self.is_set()
+
+    stop = Stop()
+
+    def clock():
+        return now[0]
+
+    def write(generator, batch):     # what kafka_follower does, minus the broker
+        assert len(generator.batch(batch).events) == config.events_per_batch
+        written.append((batch, now[0]))
+        if len(written) == 3:
+            stop.set()
+
+    # Batches 0..2 were produced by an earlier run (first=3); 3 is due at start + 40 s.
+    follow(None, config, stop=stop, clock=clock, write=write, first=3)
+    assert [b for b, _ in written] == [3, 4, 5]
+    assert all(start + (b + 1) * 10.0 <= t < start + (b + 2) * 10.0 for b, t in written)
