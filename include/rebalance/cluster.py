@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,21 @@ class Cluster:
 
     def running(self) -> bool:
         return all(v.startswith("running") for v in self.status().values())
+
+    def log(self, name: str = "spark-master") -> Path:
+        """The output of component ``name`` (``spark-master``, ``spark-worker-<i>``)."""
+        return self.service.s.logs / f"{name}.log"
+
+    def web_ui_port(self) -> int | None:
+        """The port of the master's web UI (a free one, from its log; None if not there).
+        ``http://127.0.0.1:<port>/json/`` lists the workers and the applications."""
+        try:
+            text = self.log().read_text(errors="replace")
+        except OSError:
+            return None
+        found = re.findall(r"Bound MasterWebUI to [^,]+, and started at https?://[^:\s]+:(\d+)",
+                           text)
+        return int(found[-1]) if found else None
 
 
 def add_subcommands(subparsers) -> None:
