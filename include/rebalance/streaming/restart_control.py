@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from ..spark import tables
-from ..spark.plan_store import utcnow
+from ..spark.plan_store import CONFLICT_BACKOFF_SECONDS, CONFLICT_RETRIES, is_conflict, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +114,23 @@ class RestartControl:
                          json.dumps(detail, sort_keys=True, default=str), utcnow()))
         names = [step for step, _, _ in steps]
         df = self.spark.createDataFrame(rows, tables.RESTARTS.schema)
-        tables.append(df, tables.RESTARTS, self.root,
-                      metadata={"kind": "restart", "job": self.job, "request_id": request_id,
-                                "step": names[-1], **({"steps": names} if len(names) > 1 else {})},
-                      txn=(f"restart:{self.job}:{request_id}", max(STEPS[n] for n in names)))
+        meta = {"kind": "restart", "job": self.job, "request_id": request_id,
+                "step": names[-1], **({"steps": names} if len(names) > 1 else {})}
+        txn = (f"restart:{self.job}:{request_id}", max(STEPS[n] for n in names))
+        # The job (its steps) and the DAG (requests, cancellations) append to this table
+        # concurrently. Blind appends are reconciled by Delta itself; a commit that still
+        # loses the optimistic-concurrency check (e.g. against the table's creation by
+        # the other side) is retried: the transaction id makes a retry write it once.
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                tables.append(df, tables.RESTARTS, self.root, metadata=meta, txn=txn)
+                break
+            except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
+                if not is_conflict(exc) or attempt == CONFLICT_RETRIES:
+                    raise
+                log.info("restarts: concurrent commit while recording %s of %s, retry %d",
+                         names[-1], request_id, attempt + 1)
+                time.sleep(CONFLICT_BACKOFF_SECONDS * 2 ** attempt)
         log.info("restart %s: %s", request_id, ", ".join(names))
 
     def steps(self, request_id: str | None = None) -> list[Step]:

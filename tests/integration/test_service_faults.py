@@ -1,0 +1,444 @@
+"""Issue 14, part 2: faults injected into the real service stack, through Airflow itself.
+
+One module-scoped service (``rebalance.service.Service``: Spark Connect, Airflow's
+api-server, scheduler, dag-processor and triggerer on LocalExecutor/SQLite, the keyed job
+and the live generator) on its own ports, Airflow home and data folder, as in
+``test_service.py``. The ``rebalance`` DAG is scheduled once a year (no scheduled run
+during the test); every run is a manual trigger through the REST API with an explicit data
+interval, so the runs and their plans are the test's alone. Airflow's task-heartbeat
+timeout is shortened (the service's default is Airflow's: 300 s) through the environment
+the service passes on (``AIRFLOW__SCHEDULER__*``), see :data:`AIRFLOW_FAULT_ENV`.
+
+In order:
+
+1. two manual triggers at once (two concurrent ``POST /api/v2/dags/rebalance/dagRuns``):
+   exactly one plan is applied, the other run ends with the reason (``max_active_runs=1``
+   queues it behind the first; it then meets the seed 004 cooldown);
+2. ``kill -9`` of the Airflow task process of ``publish`` right after its commit to
+   ``plans``: Airflow's retry publishes the same plan id, no extra Delta version;
+3. the scheduler (with its executor, supervisors and task processes) killed with
+   ``kill -9`` while ``apply`` runs, then restarted: the run completes, the plan is
+   applied once, the apply lease is released;
+4. a Delta write conflict on ``restarts`` between the job and the DAG's side: while the
+   job executes a controlled restart (writing its steps), DAG-side restart requests are
+   committed to the same table concurrently; Delta's optimistic concurrency sees each
+   other's commits and retries, and no row is lost or doubled.
+
+Figures are printed with ``-s`` and summarised in docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from service_helpers import commit_metadata, delta_commits, free_port, read_delta
+
+pytestmark = pytest.mark.slow
+
+#: Airflow settings of the test stack (Airflow 3.3's defaults in brackets): a task whose
+#: supervisor stopped heartbeating is failed after 60 s [300], checked every 5 s [10];
+#: a scheduler is taken for dead after 15 s [30] and orphaned tasks are looked for every
+#: 30 s [300].
+AIRFLOW_FAULT_ENV = {
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "30",
+}
+#: Never during a test: every run is the test's own manual trigger.
+YEARLY = "0 0 1 1 *"
+RUN_TIMEOUT = 900
+#: These runs are about faults, not about whether a plan's prediction holds: forced plans on
+#: a stream already balanced by the first plan move little, and the generator's hot-key
+#: shift may fall into the verification window (measured: realised 1.62 vs predicted 1.06,
+#: the plan stored as diverged and the run failed by ``verify``, as it should be). So the
+#: verification tolerance is widened; ``verify`` still runs and records the realised value.
+LOOSE_VERIFY = {"verify_tolerance": 5}
+DAG = "rebalance"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    from rebalance.service import Service, Settings, alive
+
+    saved = {k: os.environ.get(k) for k in AIRFLOW_FAULT_ENV}
+    os.environ.update(AIRFLOW_FAULT_ENV)  # base_env passes os.environ to every component
+    root = tmp_path_factory.mktemp("service-faults")
+    settings = Settings(data=root / "data", airflow_home=root / "airflow",
+                        api_port=free_port(), connect_port=free_port(), schedule=YEARLY)
+    svc = Service(settings, out=lambda line: print(line, flush=True))
+    svc.figures = {}
+    started = time.monotonic()
+    try:
+        svc.up()
+        svc.figures["seconds_to_up"] = round(time.monotonic() - started, 1)
+        yield svc
+    finally:
+        records = svc.records()
+        svc.down()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        print("service fault figures:", json.dumps(svc.figures, default=str), flush=True)
+        left = [f"{name} (pid {rec.pid})" for name, rec in records.items() if alive(rec)]
+        assert not left, f"processes left running after down: {left}"
+
+
+class Api:
+    """Airflow's REST API with a token of the admin user."""
+
+    def __init__(self, svc) -> None:
+        self.base = svc.s.api_url
+        user, password = svc.login()
+        self.token = self._call("POST", "/auth/token",
+                                {"username": user, "password": password}, auth=False)["access_token"]
+
+    def _call(self, method: str, path: str, body: dict | None = None, auth: bool = True):
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.base + path, method=method, headers=headers,
+                                     data=None if body is None else json.dumps(body).encode())
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.load(resp)
+
+    def get(self, path: str):
+        return self._call("GET", path)
+
+    def trigger(self, run_id: str, logical: dt.datetime, start: dt.datetime, end: dt.datetime,
+                conf: dict) -> dict:
+        return self._call("POST", f"/api/v2/dags/{DAG}/dagRuns", {
+            "dag_run_id": run_id, "logical_date": logical.isoformat(),
+            "data_interval_start": start.isoformat(), "data_interval_end": end.isoformat(),
+            "conf": conf})
+
+    def run(self, run_id: str) -> dict:
+        return self.get(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}")
+
+    def tis(self, run_id: str) -> dict[str, dict]:
+        got = self.get(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+        return {t["task_id"]: t for t in got["task_instances"]}
+
+    def log(self, run_id: str, task_id: str, try_number: int) -> str:
+        got = self.get(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
+                       f"{task_id}/logs/{try_number}")
+        return json.dumps(got.get("content"), default=str)
+
+    def wait_done(self, run_id: str, timeout: float = RUN_TIMEOUT) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                run = self.run(run_id)
+            except (urllib.error.URLError, OSError):  # api-server busy: ask again
+                time.sleep(5)
+                continue
+            if run["state"] in ("success", "failed"):
+                return run
+            time.sleep(3)
+        raise AssertionError(f"run {run_id} not done after {timeout:.0f} s: "
+                             + json.dumps({k: (v["state"], v["try_number"])
+                                           for k, v in self.tis(run_id).items()}))
+
+
+@pytest.fixture(scope="module")
+def api(service):
+    return Api(service)
+
+
+# ------------------------------------------------------------------ reading the stack
+def _tables(svc) -> Path:
+    return svc.s.data / "tables"
+
+
+def _ti_row(svc, run_id: str, task_id: str) -> tuple[str | None, int | None, int | None]:
+    """(state, pid, try_number) of a task instance, read from Airflow's SQLite database
+    (read-only; fast enough to catch a task of a few seconds)."""
+    db = svc.s.airflow_home / "airflow.db"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        row = con.execute("SELECT state, pid, try_number FROM task_instance WHERE dag_id = ? "
+                          "AND run_id = ? AND task_id = ? AND map_index = -1",
+                          (DAG, run_id, task_id)).fetchone()
+    except sqlite3.OperationalError:
+        row = None
+    finally:
+        con.close()
+    return row or (None, None, None)
+
+
+def _plans_of(svc, run_id: str) -> list[dict]:
+    t = read_delta(_tables(svc) / "plans", ["plan_id", "run_id", "status", "assignment_version"])
+    return [r for r in (t.to_pylist() if t is not None else []) if r["run_id"] == run_id]
+
+
+def _commits(svc, table: str, plan_id: str, action: str | None = None) -> list[int]:
+    return [v for v, a in delta_commits(_tables(svc) / table)
+            if commit_metadata(a).get("plan_id") == plan_id
+            and (action is None or commit_metadata(a).get("action") == action)]
+
+
+def _lease(svc) -> dict | None:
+    t = read_delta(_tables(svc) / "control")
+    rows = [r for r in (t.to_pylist() if t is not None else []) if r["name"] == "apply"]
+    return {k: str(v) for k, v in rows[0].items()} if rows else None
+
+
+def _windows(svc) -> int:
+    t = read_delta(_tables(svc) / "key_histograms", ["window_start"])
+    return 0 if t is None else len(set(t.column("window_start").to_pylist()))
+
+
+def _interval(minutes: int = 15) -> tuple[dt.datetime, dt.datetime]:
+    end = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    return end - dt.timedelta(minutes=minutes), end
+
+
+def _wait(what: str, check, timeout: float, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _applied_once(svc, api, run_id: str) -> dict:
+    """The run succeeded and its one plan became exactly one assignment version."""
+    plans = _plans_of(svc, run_id)
+    assert len(plans) == 1, plans
+    plan = plans[0]
+    versions = _commits(svc, "assignments", plan["plan_id"])
+    assert len(versions) == 1, (plan, versions)
+    assert plan["status"] in ("applied", "verified") and plan["assignment_version"] == versions[0], plan
+    return plan
+
+
+# ------------------------------------------------------------------------- the tests
+def test_two_manual_triggers_at_once_through_the_rest_api_apply_one_plan(service, api):
+    _wait("three histogram windows from the live job", lambda: _windows(service) >= 3, 600, 5)
+    start, end = _interval()
+    runs = ["manual__double-trigger-1", "manual__double-trigger-2"]
+    conf = {"apply_mode": "broadcast", **LOOSE_VERIFY}  # identical, as a double click sends
+    answers: dict[str, object] = {}
+    barrier = threading.Barrier(2)
+
+    def post(i: int) -> None:
+        barrier.wait()
+        try:
+            answers[runs[i]] = api.trigger(runs[i], end - dt.timedelta(seconds=i), start, end,
+                                           conf)["state"]
+        except urllib.error.HTTPError as exc:
+            answers[runs[i]] = f"HTTP {exc.code} {exc.read()[:200]!r}"
+    threads = [threading.Thread(target=post, args=(i,)) for i in (0, 1)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(a in ("queued", "running") for a in answers.values()), answers
+    done = {r: api.wait_done(r) for r in runs}
+    took = time.monotonic() - t0
+    assert all(d["state"] == "success" for d in done.values()), {
+        r: {k: v["state"] for k, v in api.tis(r).items()} for r in runs}
+    applied = [r for r in runs if _plans_of(service, r)]
+    assert len(applied) == 1, {r: _plans_of(service, r) for r in runs}
+    winner, other = applied[0], next(r for r in runs if r != applied[0])
+    plan = _applied_once(service, api, winner)
+    # the other run waited (max_active_runs=1), then skipped with the reason, storing nothing
+    assert done[other]["start_date"] >= done[winner]["end_date"], done
+    tis = api.tis(other)
+    assert tis["detect"]["state"] == "skipped", {k: v["state"] for k, v in tis.items()}
+    assert tis["apply"]["state"] == "skipped"
+    reason = api.log(other, "detect", tis["detect"]["try_number"])
+    assert "seed 004 trigger rules" in reason, reason[-2000:]
+    said = next((m for m in reason.split('"') if "trigger rules" in m), "")
+    service.figures["double_trigger"] = {
+        "post_answers": answers, "winner": winner, "plan": plan,
+        "other_started_after_winner_ended": True, "other_reason": said[:300],
+        "seconds_until_both_done": round(took, 1)}
+    print("two triggers at once:", service.figures["double_trigger"], flush=True)
+
+
+def test_kill9_of_the_publish_task_process_then_the_retry_publishes_the_same_plan_once(service, api):
+    start, end = _interval()
+    run_id = "manual__faults-publish"
+    api.trigger(run_id, end, start, end,
+                {"force": True, "apply_mode": "broadcast", **LOOSE_VERIFY})
+    state, pid, _ = _wait("the publish task running", lambda: (
+        (lambda r: r if r[0] == "running" and r[1] else None)(_ti_row(service, run_id, "publish"))),
+        RUN_TIMEOUT, 0.05)
+    plan_id = _plans_of(service, run_id)[0]["plan_id"]
+    log = _tables(service) / "plans" / "_delta_log"
+
+    def published():
+        if _commits(service, "plans", plan_id, "publish"):
+            return True
+        if _ti_row(service, run_id, "publish")[0] != "running":
+            raise AssertionError("publish finished before its commit was seen: kill missed")
+        return False
+    _wait("the publish commit", published, 300, 0.01)
+    os.killpg(pid, signal.SIGKILL)  # the task runner has its own process group
+    killed = time.monotonic()
+    after_kill = _ti_row(service, run_id, "publish")[0]
+    assert log.is_dir()
+    run = api.wait_done(run_id)
+    recovered = time.monotonic() - killed
+    tis = api.tis(run_id)
+    assert run["state"] == "success", {k: v["state"] for k, v in tis.items()}
+    assert tis["publish"]["try_number"] >= 2, tis["publish"]  # Airflow retried the killed try
+    first_try = api.log(run_id, "publish", 1)
+    plan = _applied_once(service, api, run_id)                 # same plan id: one plan row
+    assert plan["plan_id"] == plan_id
+    assert len(_commits(service, "plans", plan_id, "publish")) == 1  # no extra version
+    assert len(_commits(service, "plan_assignments", plan_id)) == 1
+    service.figures["kill9_publish"] = {
+        "plan_id": plan_id, "state_right_after_kill": after_kill,
+        "publish_tries": tis["publish"]["try_number"],
+        "first_try_log_tail": first_try[-300:],
+        "seconds_from_kill_to_run_success": round(recovered, 1)}
+    print("kill -9 during publish:", service.figures["kill9_publish"], flush=True)
+
+
+def _kill_tree(rec) -> list[int]:
+    from rebalance.service import _children, _group_members
+
+    pids = list(dict.fromkeys([rec.pid, *_children(rec.pid), *_group_members(rec.pid)]))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def test_the_scheduler_killed_mid_run_and_restarted_the_run_completes_once(service, api):
+    from rebalance.service import alive
+
+    start, end = _interval()
+    run_id = "manual__faults-scheduler"
+    api.trigger(run_id, end, start, end,
+                {"force": True, "apply_mode": "broadcast", **LOOSE_VERIFY})
+
+    def in_apply():
+        for task in ("apply", "await_restart", "verify"):
+            state, pid, _ = _ti_row(service, run_id, task)
+            if state == "running" and pid:
+                return task
+        return None
+    task = _wait("apply (or the next task) running", in_apply, RUN_TIMEOUT, 0.05)
+    plan_id = _plans_of(service, run_id)[0]["plan_id"]
+    if task == "apply":
+        # the harshest moment: apply holds the lease (and may be writing the version)
+        def holding():
+            lease = _lease(service) or {}
+            if lease.get("holder") == plan_id:
+                return "apply (lease held)"
+            return None if _ti_row(service, run_id, "apply")[0] == "running" else "apply ended"
+        task = _wait("apply to take the lease", holding, 300, 0.05)
+    rec = service.records()["scheduler"]
+    pids = _kill_tree(rec)
+    killed = time.monotonic()
+    _wait("the scheduler's processes gone", lambda: not any(
+        Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1][:3]
+        for p in pids), 30, 0.2)
+    assert not alive(rec)
+    lease_after_kill = _lease(service)
+    versions_after_kill = _commits(service, "assignments", plan_id)
+    status_after_kill = _plans_of(service, run_id)[0]["status"]
+    time.sleep(5)
+    assert service.up() == ["scheduler"]  # make up again: only what is down starts
+    restarted = time.monotonic()
+    run = api.wait_done(run_id)
+    done = time.monotonic()
+    tis = api.tis(run_id)
+    assert run["state"] == "success", {k: (v["state"], v["try_number"]) for k, v in tis.items()}
+    plan = _applied_once(service, api, run_id)
+    assert plan["plan_id"] == plan_id
+    lease = _lease(service)
+    assert lease is not None and lease["holder"] == "None", lease  # released
+    service.figures["scheduler_kill"] = {
+        "task_running_at_kill": task, "processes_killed": len(pids), "plan_id": plan_id,
+        "plan_status_after_kill": status_after_kill, "lease_after_kill": lease_after_kill,
+        "assignment_versions_after_kill": versions_after_kill,
+        "tries": {k: v["try_number"] for k, v in tis.items()},
+        "seconds_kill_to_restart": round(restarted - killed, 1),
+        "seconds_from_kill_to_run_success": round(done - killed, 1)}
+    print("scheduler killed:", service.figures["scheduler_kill"], flush=True)
+
+
+def test_a_delta_conflict_on_restarts_between_the_job_and_the_dag_is_retried_not_lost(service, api):
+    """The job writes its restart steps to ``restarts`` while the DAG's side commits restart
+    requests to the same table (through the Spark Connect server the DAG's tasks use):
+    the commits race; every one lands once."""
+    from rebalance.spark import tables
+    from rebalance.spark.session import remote_session
+    from rebalance.streaming.restart_control import RestartControl
+
+    start, end = _interval()
+    run_id = "manual__faults-restart-conflict"
+    spark = remote_session(service.s.connect_url)
+    probe = RestartControl(spark, "probe", str(_tables(service)))
+    assert tables.exists(spark, tables.RESTARTS, str(_tables(service)))
+    stop = threading.Event()
+    written: list[str] = []
+    errors: list[str] = []
+
+    def hammer():
+        i = 0
+        while not stop.is_set():
+            rid = f"probe-{i:04d}"
+            try:
+                probe.request(0, 4, request_id=rid)
+                written.append(rid)
+            except Exception as exc:  # noqa: BLE001 - a lost write is what the test reports
+                errors.append(f"{rid}: {type(exc).__name__}: {str(exc)[:300]}")
+            i += 1
+    api.trigger(run_id, end, start, end,
+                {"force": True, "apply_mode": "restart", **LOOSE_VERIFY})
+    _wait("the run's plan", lambda: _plans_of(service, run_id), RUN_TIMEOUT, 2)
+    plan_id = _plans_of(service, run_id)[0]["plan_id"]
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        run = api.wait_done(run_id)
+    finally:
+        stop.set()
+        thread.join(timeout=300)
+    tis = api.tis(run_id)
+    assert run["state"] == "success", {k: (v["state"], v["try_number"]) for k, v in tis.items()}
+    assert not errors, errors
+    rows = read_delta(_tables(service) / "restarts").to_pylist()
+    job_steps = [r["step"] for r in rows if r["request_id"] == plan_id and r["job"] == "keyed"]
+    assert "acknowledged" in job_steps and len(job_steps) == len(set(job_steps)), job_steps
+    probes = [r["request_id"] for r in rows if r["job"] == "probe"]
+    assert sorted(probes) == sorted(written), (len(probes), len(written))
+    # Delta's optimistic concurrency: a commit whose snapshot was older than the version
+    # before it was retried over another writer's commit
+    raced = []
+    for version, actions in delta_commits(_tables(service) / "restarts"):
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        meta = commit_metadata(actions)
+        read = info.get("readVersion")
+        if read is not None and version - read > 1:
+            raced.append((version, read, meta.get("job"), meta.get("step")))
+    job_raced = [r for r in raced if r[2] == "keyed"]
+    assert job_raced, f"no job commit raced a DAG-side commit (raced: {raced[:10]})"
+    _applied_once(service, api, run_id)
+    service.figures["restarts_conflict"] = {
+        "plan_id": plan_id, "job_steps": job_steps, "dag_side_requests": len(written),
+        "commits_retried_over_another": len(raced), "job_commits_retried": job_raced}
+    print("restarts conflict:", service.figures["restarts_conflict"], flush=True)
