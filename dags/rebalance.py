@@ -104,7 +104,12 @@ def rebalance():
         state must move), under the apply lease; never for backfill or what-if plans."""
         return rollout.apply(published)
 
-    @task.sensor(poke_interval=5, timeout=dt.timedelta(hours=2), mode="reschedule")
+    # mode "poke" (one try pokes every 5 s), not "reschedule": under load the executor's
+    # "success" event of a rescheduled poke can arrive after the try was queued again,
+    # and Airflow then fails the try ("finished with state success, but the task
+    # instance's state attribute is queued"); three such races failed a restart run
+    # whose job had acknowledged nothing wrong (tests/integration/test_service_faults.py).
+    @task.sensor(poke_interval=5, timeout=dt.timedelta(hours=2), mode="poke")
     def await_restart(applied: dict) -> PokeReturnValue:
         """apply_mode restart: wait for the streaming job to stop, migrate the moved keys'
         state and acknowledge the new version; on failure or timeout restore the previous
