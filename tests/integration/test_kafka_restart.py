@@ -71,9 +71,10 @@ def _taken(port: int) -> bool:
 
 
 class Feeder(threading.Thread):
-    """Produces one generator batch to the topic every ``period`` seconds until stopped."""
+    """Produces one generator batch to the topic every ``period`` seconds until stopped
+    (no limit: a generation waited for must always have new events to commit)."""
 
-    def __init__(self, spark, gen, bootstrap, first, period=2.0, limit=80):
+    def __init__(self, spark, gen, bootstrap, first, period=2.0, limit=10_000):
         super().__init__(daemon=True)
         self.spark, self.gen, self.bootstrap = spark, gen, bootstrap
         self.next, self.period, self.limit = first, period, limit
@@ -129,12 +130,14 @@ def _ids(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
-def _wait_commits(job, n=2, timeout=240.0):
+def _wait_commits(job, feeder, n=1, timeout=420.0):
     commits = Path(job.generation.checkpoint, "commits")
     count = lambda: len(_ids(commits)) if commits.is_dir() else 0  # noqa: E731
     target, deadline = count() + n, time.monotonic() + timeout
     while count() < target:
         assert job.query.exception() is None, job.query.exception()
+        assert job.query.isActive, "the query stopped"
+        assert feeder.error is None and feeder.is_alive(), feeder.error
         assert time.monotonic() < deadline, f"no {n} batches in {timeout} s"
         time.sleep(0.2)
 
@@ -187,7 +190,7 @@ def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path
     feeder.start()
     generations, requests, during = [job.generation], [], []
     try:
-        _wait_commits(job)
+        _wait_commits(job, feeder)
         # (a) Same N, a quarter of the keys move; crash right after the old generation
         # stopped past its export.
         p1 = _plan(spark, root, keys, 2, ({}, 2))
@@ -195,7 +198,7 @@ def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path
         produced = feeder.next
         job = _crash_and_recover(job, "stop", spark, config)
         generations.append(job.generation)
-        _wait_commits(job)
+        _wait_commits(job, feeder)
         during.append(feeder.next - produced)
 
         # (b) Scale out to N = 3 (a new checkpoint); crash while the state is written.
@@ -204,7 +207,7 @@ def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path
         produced = feeder.next
         job = _crash_and_recover(job, "state", spark, config)
         generations.append(job.generation)
-        _wait_commits(job)
+        _wait_commits(job, feeder)
         during.append(feeder.next - produced)
     finally:
         feeder.halt.set()
