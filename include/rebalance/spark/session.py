@@ -74,8 +74,10 @@ def session_conf(app_name: str, master: str | None = None,
     read from ``SparkConf()``.
     """
     if submitted is None:
-        from pyspark import SparkConf
+        from pyspark import SparkConf, SparkContext
 
+        if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit's JVM: SparkConf() reads its conf
+            SparkContext._ensure_initialized()
         submitted = dict(SparkConf().getAll())
     data = data_dir()
     settings: dict[str, str] = {
