@@ -118,7 +118,7 @@ def test_retries_of_events_seen_before_a_restart_are_dropped_after_it(spark, tmp
     ih = tables.read(spark, tables.INSTANCE_HISTOGRAMS, root).toPandas()
     ih["window"] = pd.to_datetime(ih["window_start"]).astype("int64") // 1_000_000 - T0_MS
     closed = set(ih["window"])
-    assert {0, 10_000, 20_000} <= closed
+    assert {0, 10_000} <= closed         # the watermark (max event time - 30 s) is past 20 s
     retried = pd.concat([
         first.assign(instance=_instance(first.key, routing1, 2)),
         second.assign(instance=_instance(second.key, routing2, 3))], ignore_index=True)

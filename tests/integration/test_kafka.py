@@ -148,12 +148,19 @@ def _batches(checkpoint: Path, folder: str) -> list[int]:
     return sorted(int(f.name) for f in d.iterdir() if f.name.isdigit()) if d.is_dir() else []
 
 
+def _causes(log: Path) -> str:
+    """The error lines of a job's log (its tail is a query plan, which says nothing)."""
+    lines = log.read_text(errors="replace").splitlines()
+    picked = [x for x in lines if any(w in x for w in ("Exception", "Error", "Caused by"))]
+    return "\n".join(picked[:40])[:6000]
+
+
 def _kill_mid_batch(proc: Proc, checkpoint: Path, after_commits: int, timeout: float = 420) -> int:
     """SIGKILL the job's group once a batch past ``after_commits`` committed batches has
     started (its offsets written) and is not committed; return that batch id."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.alive(), proc.log.read_text()[-3000:]
+        assert proc.alive(), _causes(proc.log)
         offsets, commits = _batches(checkpoint, "offsets"), _batches(checkpoint, "commits")
         if len(commits) >= after_commits and offsets and offsets[-1] not in commits:
             proc.kill9()
@@ -230,7 +237,7 @@ def test_kafka_exactly_once_across_two_kill9(spark, broker, tmp_path):
     assert killed[0] < killed[1]
     last = Proc(argv, env, tmp_path / "job-final.log")   # availableNow: to the end, then exit
     try:
-        assert last.popen.wait(timeout=600) == 0, last.log.read_text()[-3000:]
+        assert last.popen.wait(timeout=600) == 0, _causes(last.log)
     finally:
         last.stop()
     # The killed batches were replayed (re-run from their offsets), nothing counted twice.
