@@ -53,7 +53,7 @@ HOST = "127.0.0.1"
 #: Seconds a component gets to stop after SIGINT/SIGTERM before its group is killed.
 STOP_GRACE_SECONDS = 20.0
 #: A component that is not ready after this long is reported as failed.
-READY_TIMEOUT_SECONDS = 240.0
+READY_TIMEOUT_SECONDS = 480.0
 DEFAULT_SCHEDULE = "*/2 * * * *"
 SOURCES = ("delta", "kafka")
 
