@@ -435,7 +435,7 @@ def test_a_delta_conflict_on_restarts_between_the_job_and_the_dag_is_retried_not
         read = info.get("readVersion")
         if read is not None and version - read > 1:
             raced.append((version, read, meta.get("job"), meta.get("step")))
-    job_raced = [r for r in raced if r[2] == "keyed"]
+    job_raced = [r for r in raced if r[2] == "keyed" and r[3] != "requested"]
     assert job_raced, f"no job commit raced a DAG-side commit (raced: {raced[:10]})"
     _applied_once(service, api, run_id)
     service.figures["restarts_conflict"] = {
