@@ -253,7 +253,7 @@ def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path
     assert set(res[res.batch_id >= g2.batch_offset].instance) == {0, 1, 2}
 
     # Closed windows: key and instance histograms equal the events of the window, except
-    # (see test_histograms_across_the_same_n_handoff) the windows open at the same-N
+    # (checked by test_histograms_across_the_same_n_handoff) the windows open at the same-N
     # restart's export batch.
     kh = _table(spark, tables.KEY_HISTOGRAMS, root)
     ih = _table(spark, tables.INSTANCE_HISTOGRAMS, root)
@@ -280,11 +280,6 @@ def _check_histograms(expected, kh, ih, windows) -> None:
                                    check_names=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "same-N in-stream handoff (processor.py, not Kafka-specific): in the export batch the "
-    "moved keys' state is given away before the windows the watermark closes are emitted "
-    "(their key histogram rows are lost), and the moved keys' counts of windows still open "
-    "are missing from the instance histograms of those windows (results stay exact)"))
 def test_histograms_across_the_same_n_handoff():
     if not HANDOFF:
         pytest.skip("the restart scenario did not run")

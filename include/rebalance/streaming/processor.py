@@ -79,7 +79,7 @@ OUTPUT_COLUMNS: dict[str, str] = {
     # A key's state handed over by a restart (kind HANDOFF), for its new label.
     "label": "Int32", "state_version": "Int64", "merge": "boolean", "windows": "object",
     "counts": "object", "sums": "object", "costs": "object", "seen_ids": "object",
-    "seen_times": "object",
+    "seen_times": "object", "export_watermark_ms": "Int64",
 }
 _SPARK_TYPES = {"object": "STRING", "Int64": "BIGINT", "Int32": "INT", "float64": "DOUBLE",
                 "boolean": "BOOLEAN"}
@@ -109,18 +109,20 @@ PERKEY, PERWINDOW = "perkey", "perwindow"
 #: State handed over inside the stream by a controlled restart that keeps its checkpoint
 #: (:mod:`rebalance.streaming.restart_state`): rows of the operator's input with
 #: ``handoff`` set. ``export`` (one per label, in the old generation's last batch, after
-#: its events): the label gives away every key whose instance under ``routing_keys`` /
-#: ``routing_instances`` (else the key's default instance) is another one, with its
-#: events and load in the open windows, as :data:`HANDOFF` output rows (``merge``: the
-#: checkpoint followed a live switch since, a key may be split). ``in`` (the new
+#: its events and after emitting the windows its watermark closes): the label gives away
+#: every key whose instance under ``routing_keys`` / ``routing_instances`` (else the key's
+#: default instance) is another one, with its events and load in the windows still open,
+#: as :data:`HANDOFF` output rows (``merge``: the checkpoint followed a live switch since,
+#: a key may be split; ``export_watermark_ms``: that watermark). ``in`` (the new
 #: generation's first batch, before its events): the label takes the key's state,
 #: merged with what it holds when ``merge`` (or the key comes twice), and adds its
-#: events and load to its open windows. Event rows have these columns NULL.
+#: events and load to the windows open at the export's watermark (those closed since
+#: are emitted by this batch). Event rows have these columns NULL.
 HANDOFF_COLUMNS_DDL = ("handoff STRING, merge BOOLEAN, state_version BIGINT, "
                        "windows ARRAY<BIGINT>, counts ARRAY<BIGINT>, sums ARRAY<DOUBLE>, "
                        "costs ARRAY<DOUBLE>, seen_ids ARRAY<STRING>, seen_times ARRAY<BIGINT>, "
                        "routing_keys ARRAY<STRING>, "
-                       "routing_instances ARRAY<INT>")
+                       "routing_instances ARRAY<INT>, export_watermark_ms BIGINT")
 HANDOFF_EXPORT, HANDOFF_IN = "export", "in"
 
 
@@ -341,10 +343,13 @@ class KeyedWindowProcessor(StatefulProcessor):
         results = self._update_keys(frame, instance, states)
         self._update_windows(frame, time.perf_counter_ns() - started,
                              time.thread_time_ns() - cpu_started, duplicates)
+        # windows the watermark closes are emitted before any key is given away, so that
+        # their histograms still hold the moved keys
+        closed = list(self._close_windows(instance, watermark))
         if exports is not None and len(exports):
             results += self._give_away(exports.iloc[0], instance, watermark)
         yield output_frame(results)
-        yield from self._close_windows(instance, watermark)
+        yield from closed
 
     def handleInitialState(self, key: Any, initialState: pd.DataFrame,
                            timerValues: TimerValues) -> None:
@@ -395,7 +400,7 @@ class KeyedWindowProcessor(StatefulProcessor):
                         "assignment_version": version, "state_version": state.version,
                         "merge": merge, "windows": state.windows, "counts": state.counts,
                         "sums": state.sums, "costs": state.costs, "seen_ids": state.seen_ids,
-                        "seen_times": state.seen_times})
+                        "seen_times": state.seen_times, "export_watermark_ms": watermark})
         self._apply_shift(moved)
         return out + [{"kind": EXPORTED, "instance": instance, "partition_id": partition,
                        "keys": len(out), "assignment_version": version}]
@@ -413,7 +418,11 @@ class KeyedWindowProcessor(StatefulProcessor):
                                [int(v) for v in row.counts], [float(v) for v in row.sums],
                                [float(v) for v in row.costs], _strs(row.seen_ids),
                                _ints(row.seen_times))
-            self._shift(moved, state, 1, int(row.assignment_version), watermark)
+            # the windows the exporting label took the events out of (open at ITS watermark:
+            # the ones closed since then are emitted here, with the events, in this batch)
+            given = getattr(row, "export_watermark_ms", None)
+            self._shift(moved, state, 1, int(row.assignment_version),
+                        watermark if given is None or pd.isna(given) else min(int(given), watermark))
             held = self.perkey.getValue((row.key,)) if merge else None
             if held is not None:     # the key also has state here (split by a live switch)
                 mine = KeyWindows.from_state(held, 0, 0, 0)

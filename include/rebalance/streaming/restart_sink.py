@@ -121,7 +121,7 @@ class GatedWriter(KeyedOutputWriter):
         rows = batch.where(F.col("kind") == HANDOFF).select(
             "label", "key", "key_group", "default_instance", "assignment_version",
             F.lit(HANDOFF_IN).alias("handoff"), "merge", "state_version", "windows",
-            "counts", "sums", "costs", "seen_ids", "seen_times")
+            "counts", "sums", "costs", "seen_ids", "seen_times", "export_watermark_ms")
         (handoff_frame(self.spark, rows).coalesce(1).write.format("delta").mode("append")
          .option("txnAppId", f"{self.query_id()}:handoff").option("txnVersion", batch_id)
          .save(self.handoff_path))
