@@ -123,8 +123,11 @@ def test_retries_of_events_seen_before_a_restart_are_dropped_after_it(spark, tmp
         first.assign(instance=_instance(first.key, routing1, 2)),
         second.assign(instance=_instance(second.key, routing2, 3))], ignore_index=True)
     retried = retried.assign(window=_window(retried))
-    want_dups = retried[retried.window.isin(closed)].groupby(["instance", "window"]).size()
-    got_dups = ih.groupby(["instance", "window"])["duplicates"].sum()
+    want_dups = (retried.astype({"instance": "int64", "window": "int64"})
+                 [retried.window.isin(closed)].groupby(["instance", "window"]).size())
+    got_dups = (ih.astype({"instance": "int64", "window": "int64"})
+                .groupby(["instance", "window"])["duplicates"].sum().astype("int64"))
+    want_dups = want_dups.rename(index=int)
     assert set(want_dups.index) <= set(got_dups.index)
     pd.testing.assert_series_equal(got_dups, want_dups.reindex(got_dups.index, fill_value=0),
                                    check_names=False, check_dtype=False)
