@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +31,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def running_broker(folder: Path):
+    """A single-node Kafka broker (``rebalance.kafka.Broker``) on a free port and the one
+    after it (its controller), in ``folder``; stopped at the end, both ports checked closed."""
+    from rebalance.kafka import Broker, BrokerSettings
+
+    port = free_port()
+    while port_taken(port + 1):
+        port = free_port()
+    b = Broker(BrokerSettings(dir=folder, port=port), out=lambda _: None)
+    b.up()
+    try:
+        yield b
+    finally:
+        b.down()
+        assert not b.running()
+        assert not port_taken(port) and not port_taken(port + 1)
 
 
 # ------------------------------------------------------------------------- Delta, read

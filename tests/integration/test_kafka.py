@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from service_helpers import free_port
+from service_helpers import running_broker
 
 
 class Proc:
@@ -91,24 +90,8 @@ DUPLICATES = 0.1
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    from rebalance.kafka import Broker, BrokerSettings
-
-    port = free_port()
-    while _taken(port + 1):
-        port = free_port()
-    b = Broker(BrokerSettings(dir=tmp_path_factory.mktemp("kafka"), port=port), out=lambda _: None)
-    b.up()
-    try:
+    with running_broker(tmp_path_factory.mktemp("kafka")) as b:
         yield b
-    finally:
-        b.down()
-        assert not b.running()
-        assert not _taken(port) and not _taken(port + 1)
-
-
-def _taken(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _sent(gen, batches, duplicates: float) -> pd.DataFrame:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from service_helpers import free_port
+from service_helpers import running_broker
 
 from rebalance.placement import default_instances
 
@@ -48,26 +48,8 @@ GEN = dict(n_keys=30, zipf=0.8, events_per_batch=150, batch_seconds=5.0, n_insta
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    from rebalance.kafka import Broker, BrokerSettings
-
-    port = free_port()
-    while _taken(port + 1):
-        port = free_port()
-    b = Broker(BrokerSettings(dir=tmp_path_factory.mktemp("kafka"), port=port), out=lambda _: None)
-    b.up()
-    try:
+    with running_broker(tmp_path_factory.mktemp("kafka")) as b:
         yield b
-    finally:
-        b.down()
-        assert not b.running()
-        assert not _taken(port) and not _taken(port + 1)
-
-
-def _taken(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Feeder(threading.Thread):
