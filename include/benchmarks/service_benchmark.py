@@ -17,45 +17,20 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 import sys
-import time
-import urllib.request
-from urllib.parse import quote
+
+from rebalance.airflow_client import AirflowClient
 
 TASKS = ("windows", "detect", "plan", "validate", "publish")
-
-
-class Client:
-    def __init__(self, base: str, user: str, password: str) -> None:
-        self.base = base.rstrip("/")
-        self.token = self._call("POST", "/auth/token", {"username": user, "password": password},
-                                auth=False)["access_token"]
-
-    def _call(self, method: str, path: str, body=None, auth: bool = True):
-        headers = {"Content-Type": "application/json"}
-        if auth:
-            headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(self.base + path, method=method, headers=headers,
-                                     data=None if body is None else json.dumps(body).encode())
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.load(resp)
-
-    def get(self, path: str):
-        return self._call("GET", path)
-
-    def post(self, path: str, body):
-        return self._call("POST", path, body)
 
 
 def _t(text: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
-def durations(client: Client, dag_id: str, run_id: str) -> dict[str, float] | None:
-    tis = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")
-    by_task = {t["task_id"]: t for t in tis["task_instances"]}
+def durations(client: AirflowClient, dag_id: str, run_id: str) -> dict[str, float] | None:
+    by_task = client.task_instances(dag_id, run_id)
     if any(by_task.get(name, {}).get("state") != "success" for name in TASKS):
         return None
     out = {name: (_t(by_task[name]["end_date"]) - _t(by_task[name]["start_date"])).total_seconds()
@@ -65,16 +40,13 @@ def durations(client: Client, dag_id: str, run_id: str) -> dict[str, float] | No
     return out
 
 
-def trigger_and_wait(client: Client, dag_id: str, conf: dict, timeout: float) -> str:
-    run = client.post(f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
-    run_id = run["dag_run_id"]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")["state"]
-        if state in ("success", "failed"):
-            return run_id
-        time.sleep(2)
-    raise SystemExit(f"run {run_id} did not finish within {timeout:.0f} s")
+def trigger_and_wait(client: AirflowClient, dag_id: str, conf: dict, timeout: float) -> str:
+    run_id = client.trigger(dag_id, conf)["dag_run_id"]
+    try:
+        client.wait(dag_id, run_id, timeout, every=2)
+    except TimeoutError as exc:
+        raise SystemExit(str(exc)) from None
+    return run_id
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if password is None:
         print("error: no Airflow password found: is the service up (make up)?", file=sys.stderr)
         return 2
-    client = Client(service.s.api_url, user, password)
+    client = AirflowClient(service.s.api_url, user, password)
     rows: list[tuple[str, dict[str, float]]] = []
     if args.existing:
         runs = client.get(f"/api/v2/dags/{args.dag_id}/dagRuns?order_by=-run_after&limit=100")

@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "service",
     "kafka",
     "cluster",
+    "airflow_client",
 )
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
-from rebalance.placement import default_instances
+from restart_helpers import instances, publish_moving_plan
 
 pytestmark = pytest.mark.slow
 
@@ -38,27 +37,6 @@ def _retries(gen, batch: int) -> pd.DataFrame:
     events = gen.batch(batch).events
     rng = np.random.default_rng([7, batch])
     return events[rng.random(len(events)) < RETRY]
-
-
-def _instance(keys, routing, n):
-    return np.array([routing.get(k, d) for k, d in zip(keys, default_instances(list(keys), n))])
-
-
-def _plan(spark, root, keys, n, previous, fraction):
-    """Publish (for a restart) an assignment for ``n`` moving ``fraction`` of the keys off
-    their instance under ``previous`` = (routing, n); return (version, routing, moved)."""
-    from rebalance.spark import tables
-
-    tables.resize_assignments(spark, n, root)
-    before = _instance(keys, *previous)
-    default = default_instances(list(keys), n)
-    routing = {}
-    for k, b, d in list(zip(keys, before, default))[: int(len(keys) * fraction)]:
-        routing[k] = int((b + 1) % n) if (b + 1) % n != d else int((b + 2) % n)
-    version = tables.publish_assignment(spark, routing, n,
-                                        {"test": "dedup-restart", "apply_mode": "restart"}, root)
-    after = _instance(keys, routing, n)
-    return version, routing, {k for k, a, b in zip(keys, after, before) if a != b}
 
 
 def test_retries_of_events_seen_before_a_restart_are_dropped_after_it(spark, tmp_path):
@@ -87,7 +65,8 @@ def test_retries_of_events_seen_before_a_restart_are_dropped_after_it(spark, tmp
     try:
         job.process_all_available()
         # Restart 1: same N, a third of the keys move (state handed over in the stream).
-        v1, routing1, moved1 = _plan(spark, root, keys, 2, ({}, 2), 0.34)
+        p1 = publish_moving_plan(spark, root, keys, 2, ({}, 2), 0.34, "dedup-restart")
+        v1, routing1, moved1 = p1["version"], p1["routing"], p1["moved_keys"]
         r1 = request_restart(spark, v1, 2, job=config.name, root=root)
         job.poll()
         assert job.control.status(r1)["ok"] and job.generation.in_place
@@ -95,7 +74,8 @@ def test_retries_of_events_seen_before_a_restart_are_dropped_after_it(spark, tmp
         append_batches(spark, gen, [2], root)
         job.process_all_available()
         # Restart 2: scale out to N = 3 (a new checkpoint seeded with the migrated state).
-        v2, routing2, moved2 = _plan(spark, root, keys, 3, (routing1, 2), 0.34)
+        p2 = publish_moving_plan(spark, root, keys, 3, (routing1, 2), 0.34, "dedup-restart")
+        v2, routing2, moved2 = p2["version"], p2["routing"], p2["moved_keys"]
         r2 = request_restart(spark, v2, 3, job=config.name, root=root)
         job.poll()
         assert job.control.status(r2)["ok"] and not job.generation.in_place
@@ -120,8 +100,8 @@ def test_retries_of_events_seen_before_a_restart_are_dropped_after_it(spark, tmp
     closed = set(ih["window"])
     assert {0, 10_000} <= closed         # the watermark (max event time - 30 s) is past 20 s
     retried = pd.concat([
-        first.assign(instance=_instance(first.key, routing1, 2)),
-        second.assign(instance=_instance(second.key, routing2, 3))], ignore_index=True)
+        first.assign(instance=instances(first.key, routing1, 2)),
+        second.assign(instance=instances(second.key, routing2, 3))], ignore_index=True)
     retried = retried.assign(window=_window(retried))
     want_dups = (retried.astype({"instance": "int64", "window": "int64"})
                  [retried.window.isin(closed)].groupby(["instance", "window"]).size())

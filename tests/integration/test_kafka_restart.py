@@ -23,16 +23,13 @@ closed window.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
+from restart_helpers import Feeder, crash_and_recover, publish_moving_plan, wait_commits
 from service_helpers import running_broker
-
-from rebalance.placement import default_instances
 
 pytestmark = pytest.mark.slow
 
@@ -52,29 +49,6 @@ def broker(tmp_path_factory):
         yield b
 
 
-class Feeder(threading.Thread):
-    """Produces one generator batch to the topic every ``period`` seconds until stopped
-    (no limit: a generation waited for must always have new events to commit)."""
-
-    def __init__(self, spark, gen, bootstrap, first, period=2.0, limit=10_000):
-        super().__init__(daemon=True)
-        self.spark, self.gen, self.bootstrap = spark, gen, bootstrap
-        self.next, self.period, self.limit = first, period, limit
-        self.halt = threading.Event()
-        self.error = None
-
-    def run(self):
-        from rebalance.streaming.generator import produce_batches
-
-        try:
-            while not self.halt.is_set() and self.next < self.limit:
-                produce_batches(self.spark, self.gen, [self.next], self.bootstrap, TOPIC)
-                self.next += 1
-                self.halt.wait(self.period)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-
-
 def _expected(gen, batches) -> pd.DataFrame:
     """Every valid event produced, with its window (relative to T0)."""
     frames = []
@@ -87,55 +61,8 @@ def _expected(gen, batches) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _plan(spark, root, keys, n, previous, fraction=0.25):
-    """Publish (as the DAG does for apply_mode restart) an assignment for ``n`` instances
-    moving ``fraction`` of the keys off their instance under ``previous`` = (routing, n)."""
-    from rebalance.spark import tables
-
-    tables.resize_assignments(spark, n, root)
-    before = _instance(keys, *previous)
-    default = default_instances(list(keys), n)
-    routing = {}
-    for k, b, d in list(zip(keys, before, default))[: int(len(keys) * fraction)]:
-        routing[k] = int((b + 1) % n) if (b + 1) % n != d else int((b + 2) % n)
-    version = tables.publish_assignment(spark, routing, n,
-                                        {"test": "kafka-restart", "apply_mode": "restart"}, root)
-    moved = float(np.mean(_instance(keys, routing, n) != before))
-    return {"version": version, "n": n, "routing": routing, "moved": moved}
-
-
-def _instance(keys, routing, n):
-    return np.array([routing.get(k, d) for k, d in zip(keys, default_instances(list(keys), n))])
-
-
 def _ids(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-
-
-def _wait_commits(job, feeder, n=1, timeout=420.0):
-    commits = Path(job.generation.checkpoint, "commits")
-    count = lambda: len(_ids(commits)) if commits.is_dir() else 0  # noqa: E731
-    target, deadline = count() + n, time.monotonic() + timeout
-    while count() < target:
-        assert job.query.exception() is None, job.query.exception()
-        assert job.query.isActive, "the query stopped"
-        assert feeder.error is None and feeder.is_alive(), feeder.error
-        assert time.monotonic() < deadline, f"no {n} batches in {timeout} s"
-        time.sleep(0.2)
-
-
-def _crash_and_recover(job, step, spark, config):
-    """Execute the pending restart with a crash injected at ``step``, kill the driver's
-    query, start a new driver: it completes the restart from the ``restarts`` table."""
-    from rebalance.streaming.restart import RestartableJob, SimulatedCrash
-
-    job.faults.add(step)
-    with pytest.raises(SimulatedCrash, match=step):
-        job.poll()
-    job.hard_stop()
-    recovered = RestartableJob(spark, config)
-    recovered.start()
-    return recovered
 
 
 def _kafka_offsets(checkpoint: str, batch: int) -> dict:
@@ -168,28 +95,30 @@ def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path
     produce_batches(spark, gen, range(2), broker.bootstrap, TOPIC)
     job = RestartableJob(spark, config)
     job.start()
-    feeder = Feeder(spark, gen, broker.bootstrap, first=2)
+    feeder = Feeder(lambda b: produce_batches(spark, gen, [b], broker.bootstrap, TOPIC),
+                    first=2, period=2.0, limit=10_000)  # no limit: a wait needs new events
     feeder.start()
     generations, requests, during = [job.generation], [], []
     try:
-        _wait_commits(job, feeder)
+        wait_commits(job, timeout=420.0, feeder=feeder)
         # (a) Same N, a quarter of the keys move; crash right after the old generation
         # stopped past its export.
-        p1 = _plan(spark, root, keys, 2, ({}, 2))
+        p1 = publish_moving_plan(spark, root, keys, 2, ({}, 2), 0.25, "kafka-restart")
         requests.append(request_restart(spark, p1["version"], 2, job=config.name, root=root))
         produced = feeder.next
-        job = _crash_and_recover(job, "stop", spark, config)
+        job = crash_and_recover(job, "stop", spark, config)
         generations.append(job.generation)
-        _wait_commits(job, feeder)
+        wait_commits(job, timeout=420.0, feeder=feeder)
         during.append(feeder.next - produced)
 
         # (b) Scale out to N = 3 (a new checkpoint); crash while the state is written.
-        p2 = _plan(spark, root, keys, 3, (p1["routing"], 2))
+        p2 = publish_moving_plan(spark, root, keys, 3, (p1["routing"], 2), 0.25,
+                                 "kafka-restart")
         requests.append(request_restart(spark, p2["version"], 3, job=config.name, root=root))
         produced = feeder.next
-        job = _crash_and_recover(job, "state", spark, config)
+        job = crash_and_recover(job, "state", spark, config)
         generations.append(job.generation)
-        _wait_commits(job, feeder)
+        wait_commits(job, timeout=420.0, feeder=feeder)
         during.append(feeder.next - produced)
     finally:
         feeder.halt.set()

@@ -31,7 +31,6 @@ Expectations are recomputed with pandas from the generator (a batch oracle).
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 
@@ -39,8 +38,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from dag_helpers import LIVE, StandIn, dag, data  # noqa: F401 - dag, data are fixtures
+from restart_helpers import Feeder, crash_and_recover, instances, publish_moving_plan, wait_commits
 
-from rebalance.placement import default_instances
 from rebalance.streaming.routing import instance_labels
 
 pytestmark = pytest.mark.slow
@@ -69,28 +68,6 @@ class Scenario:
     final_state: list             # (label, key) of every key's state after the drain
 
 
-class Feeder(threading.Thread):
-    """Appends one generator batch every ``period`` seconds until stopped."""
-
-    def __init__(self, spark, gen, root, first, period=1.0, limit=60):
-        super().__init__(daemon=True)
-        self.spark, self.gen, self.root = spark, gen, root
-        self.next, self.period, self.limit = first, period, limit
-        self.halt = threading.Event()
-        self.error = None
-
-    def run(self):
-        from rebalance.streaming.generator import append_batches
-
-        try:
-            while not self.halt.is_set() and self.next < self.limit:
-                append_batches(self.spark, self.gen, [self.next], self.root)
-                self.next += 1
-                self.halt.wait(self.period)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-
-
 def _expected(gen, batches) -> pd.DataFrame:
     frames = []
     for b in batches:
@@ -103,28 +80,8 @@ def _expected(gen, batches) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _instance(keys, routing, n):
-    return np.array([routing.get(k, d) for k, d in zip(keys, default_instances(list(keys), n))])
-
-
 def _plan(spark, root, keys, n, previous, fraction=0.2, apply_mode="restart"):
-    """Publish an assignment for ``n`` instances moving ``fraction`` of the keys off
-    their instance under ``previous`` = (routing, n), as the DAG publishes it for
-    ``apply_mode``; return its description."""
-    from rebalance.spark import tables
-
-    tables.resize_assignments(spark, n, root)
-    before = _instance(keys, *previous)
-    default = default_instances(list(keys), n)
-    routing = {}
-    for k, b, d in list(zip(keys, before, default))[: int(len(keys) * fraction)]:
-        routing[k] = int((b + 1) % n) if (b + 1) % n != d else int((b + 2) % n)
-    version = tables.publish_assignment(spark, routing, n,
-                                        {"test": "restart", "apply_mode": apply_mode}, root)
-    after = _instance(keys, routing, n)
-    moved = float(np.mean(after != before))
-    return {"version": version, "n": n, "routing": routing, "moved": moved,
-            "moved_keys": {k for k, a, b in zip(keys, after, before) if a != b}}
+    return publish_moving_plan(spark, root, keys, n, previous, fraction, "restart", apply_mode)
 
 
 def _last_committed(job) -> int:
@@ -133,35 +90,6 @@ def _last_committed(job) -> int:
 
     last = checkpoint_position(job.generation.checkpoint).last_batch
     return job.generation.batch_offset + (last if last is not None else -1)
-
-
-def _crash_and_recover(job, step, spark, config):
-    """Execute the pending restart with a crash injected at ``step``; kill the driver's
-    queries (mid-batch if need be, as a dying process does); start a new driver, which
-    finds the unfinished restart in the ``restarts`` table and completes it."""
-    from rebalance.streaming.restart import RestartableJob, SimulatedCrash
-
-    job.faults.add(step)
-    with pytest.raises(SimulatedCrash, match=step):
-        job.poll()
-    job.hard_stop()
-    recovered = RestartableJob(spark, config)
-    recovered.start()
-    return recovered
-
-
-def _wait_commits(job, n=2, timeout=120.0):
-    """Wait until the running generation committed ``n`` more batches (events keep coming,
-    so processAllAvailable would chase the feeder)."""
-    from pathlib import Path
-
-    commits = Path(job.generation.checkpoint, "commits")
-    count = lambda: len(list(commits.glob("[0-9]*")))  # noqa: E731
-    target, deadline = count() + n, time.monotonic() + timeout
-    while count() < target:
-        assert job.query.exception() is None, job.query.exception()
-        assert time.monotonic() < deadline, f"no {n} batches in {timeout} s"
-        time.sleep(0.2)
 
 
 def _perkey(spark, checkpoint, batch=None):
@@ -207,16 +135,17 @@ def scenario(spark, tmp_path_factory) -> Scenario:
     append_batches(spark, gen, range(2), root)
     job = RestartableJob(spark, config)
     job.start()
-    feeder = Feeder(spark, gen, root, first=2, period=2.5, limit=80)
+    feeder = Feeder(lambda b: append_batches(spark, gen, [b], root), first=2, period=2.5,
+                    limit=80)
     feeder.start()
     plans, statuses, generations = [], [], [job.generation]
     try:
-        _wait_commits(job)
+        wait_commits(job, n=2)
         # Plan 1: same N, 20 % of the keys move.
         p1 = _plan(spark, root, keys, 3, ({}, 3))
         p1["request"] = request_restart(spark, p1["version"], 3, job=config.name, root=root)
         before = job.generation
-        job = _crash_and_recover(job, "stop", spark, config)   # crash right after the stop
+        job = crash_and_recover(job, "stop", spark, config)   # crash right after the stop
         generations.append(job.generation)
         plans.append(p1)
         # Same N: the checkpoint stays. The old generation's last batch (e) gave away the
@@ -231,7 +160,7 @@ def scenario(spark, tmp_path_factory) -> Scenario:
                    .where(f"batch_id = {new.batch_offset + e}").select("key").collect()}
         ins = _handed_over(spark, new.checkpoint)
         labels = instance_labels(3)
-        target = lambda keys: dict(zip(keys, (labels[i] for i in _instance(  # noqa: E731
+        target = lambda keys: dict(zip(keys, (labels[i] for i in instances(  # noqa: E731
             list(keys), p1["routing"], 3))))
         want = target(set(before_export) | set(ins) | set(after_export))
         moved = {k for k, (label, _) in before_export.items() if want[k] != label}
@@ -242,23 +171,23 @@ def scenario(spark, tmp_path_factory) -> Scenario:
         unmoved = [k for k in before_export if k not in moved]
         unmoved_equal = (not set(unmoved) & set(ins)) and all(
             after_export[k][0] == before_export[k][0] for k in unmoved if k in after_export)
-        _wait_commits(job)
+        wait_commits(job, n=2)
 
         # Plan 2: scale out to N = 4, crash while writing the migrated state.
         p2 = _plan(spark, root, keys, 4, (p1["routing"], 3))
         p2["request"] = request_restart(spark, p2["version"], 4, job=config.name, root=root)
-        job = _crash_and_recover(job, "state", spark, config)  # crash writing the state
+        job = crash_and_recover(job, "state", spark, config)  # crash writing the state
         generations.append(job.generation)
         plans.append(p2)
-        _wait_commits(job)
+        wait_commits(job, n=2)
 
         # Plan 3: scale in to N = 2.
         p3 = _plan(spark, root, keys, 2, (p2["routing"], 4))
         p3["request"] = request_restart(spark, p3["version"], 2, job=config.name, root=root)
-        job = _crash_and_recover(job, "start", spark, config)  # crash after the new start
+        job = crash_and_recover(job, "start", spark, config)  # crash after the new start
         generations.append(job.generation)
         plans.append(p3)
-        _wait_commits(job)
+        wait_commits(job, n=2)
 
         # A restart that fails while starting is rolled back: plan 3 stays in force.
         p4 = _plan(spark, root, keys, 2, (p3["routing"], 2))
@@ -267,13 +196,13 @@ def scenario(spark, tmp_path_factory) -> Scenario:
         job.poll()
         failed = job.control.status(failed_id)
         generations.append(job.generation)
-        _wait_commits(job)
+        wait_commits(job, n=2)
 
         # A live switch while generation 3 runs: used from its next micro-batch, no restart.
         live = _plan(spark, root, keys, 2, (p3["routing"], 2), fraction=0.15,
                      apply_mode="broadcast")
         live["published_after"] = _last_committed(job)
-        _wait_commits(job, 3)
+        wait_commits(job, n=3)
         assert job.generation == generations[-1]
 
         # A last restart, same N: from the routing in force (the live switch's).
@@ -286,7 +215,7 @@ def scenario(spark, tmp_path_factory) -> Scenario:
                                 if s.step == "started").detail
         generations.append(job.generation)
         final["first_batch"] = job.generation.batch_offset + job.generation.start_batch
-        _wait_commits(job)
+        wait_commits(job, n=2)
     finally:
         feeder.halt.set()
         feeder.join()
@@ -372,7 +301,7 @@ def test_every_row_is_routed_by_its_generation_and_runs_in_its_partition(scenari
     assert set(res["assignment_version"]) == set(assignments)
     for version, (routing, n) in assignments.items():
         rows = res[res.assignment_version == version]
-        assert (rows["instance"].to_numpy() == _instance(rows["key"], routing, n)).all()
+        assert (rows["instance"].to_numpy() == instances(rows["key"], routing, n)).all()
     # Batches keep one order across generations: every version occupies one batch range.
     spans = res.groupby("assignment_version")["batch_id"].agg(["min", "max"]).sort_index()
     assert (spans["min"].to_numpy()[1:] > spans["max"].to_numpy()[:-1]).all()
@@ -415,7 +344,7 @@ def test_a_live_switch_is_used_from_the_next_micro_batch(scenario):
             > live["published_after"]).all()
     rows = res[res.assignment_version == live["version"]]
     assert rows.key.isin(live["moved_keys"]).any()
-    assert (rows["instance"].to_numpy() == _instance(rows["key"], live["routing"], 2)).all()
+    assert (rows["instance"].to_numpy() == instances(rows["key"], live["routing"], 2)).all()
 
 
 # --------------------------------------------------------------------- the DAG side
@@ -495,5 +424,5 @@ def test_a_restart_after_a_live_switch_migrates_from_the_routing_in_force(scenar
     # the state the live switch split was merged, nothing was left behind.
     held = pd.DataFrame(scenario.final_state, columns=["label", "key"])
     assert len(held) >= 20 and not held.key.duplicated().any()
-    want = np.array(instance_labels(2))[_instance(held.key, final["routing"], 2)]
+    want = np.array(instance_labels(2))[instances(held.key, final["routing"], 2)]
     assert (held.label.to_numpy() == want).all()

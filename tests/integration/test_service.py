@@ -20,7 +20,6 @@ under ``$REBALANCE_TEST_SHOTS`` (default ``.data/test-shots``).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import time
 import urllib.error
@@ -30,6 +29,8 @@ from pathlib import Path
 import pytest
 from service_helpers import free_port
 from ui_flows import CHROMIUM_ARGS, UI, chromium_path
+
+from rebalance.airflow_client import AirflowClient
 
 pytestmark = pytest.mark.slow
 
@@ -62,32 +63,12 @@ def service(tmp_path_factory):
         assert not any(settings.pids.glob("*.json"))
 
 
-class Api:
-    """Airflow's REST API and the Rebalance JSON, with a token of the admin user."""
+class Api(AirflowClient):
+    """Airflow's REST API and the Rebalance JSON, as the admin user."""
 
     def __init__(self, svc) -> None:
-        self.base = svc.s.api_url
-        user, password = svc.login()
-        self.user, self.password = user, password
-        body = json.dumps({"username": user, "password": password}).encode()
-        req = urllib.request.Request(f"{self.base}/auth/token", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            self.token = json.load(resp)["access_token"]
-
-    def get(self, path: str):
-        req = urllib.request.Request(self.base + path,
-                                     headers={"Authorization": f"Bearer {self.token}"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return json.load(resp)
-
-    def plans(self) -> list[dict]:
-        return self.get("/rebalance/api/plans")
-
-    def run(self, dag_id: str, run_id: str) -> dict:
-        from urllib.parse import quote
-
-        return self.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")
+        self.user, self.password = svc.login()
+        super().__init__(svc.s.api_url, self.user, self.password)
 
     def failure_report(self, dag_id: str, run_id: str) -> str:
         """States of the run's tasks and the last lines of each failed task's log."""
@@ -192,6 +173,40 @@ def test_the_scheduler_applies_and_verifies_a_plan_on_its_own(service, api):
     assert plan["status"] == "verified", plan
     assert plan["assignment_version"] is not None and plan["moved_keys"] > 0
     assert plan["realised_imbalance"] < plan["imbalance_before"]
+
+
+def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(service):
+    """The command-line twin of the UI's trigger form, against the real api-server and
+    scheduler: params set on the command line reach the run, which stores a what-if plan
+    (``apply_mode=dry-run`` changes no assignment); a wrong password is one line, exit 2."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("rebalance")
+    env = {**os.environ, "AIRFLOW_HOME": str(service.s.airflow_home),
+           "REBALANCE_API_PORT": str(service.s.api_port)}
+    env.pop("REBALANCE_AIRFLOW_PASSWORD", None)
+    cmd = [str(exe), "trigger", "--set", "force=true", "--set", "apply_mode=dry-run",
+           "--set", "method=greedy", "--wait", "--timeout", "900"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1000)
+    print(done.stdout, done.stderr)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    run_id = done.stdout.split(" run ", 1)[1].split()[0]
+    assert f"run {run_id}: success" in done.stdout
+    plan_line = next(line for line in done.stdout.splitlines() if line.startswith("plan "))
+    assert ": what-if," in plan_line, plan_line
+    api = Api(service)
+    conf = api.run("rebalance", run_id)["conf"]
+    assert (conf["force"], conf["apply_mode"], conf["method"]) == (True, "dry-run", "greedy")
+    plan = next(p for p in api.plans() if p["run_id"] == run_id)
+    assert plan["status"] == "what-if" and plan["assignment_version"] is None, plan
+
+    refused = subprocess.run([*cmd[:2], "--password", "wrong"], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    assert refused.stderr.startswith("rebalance trigger: error: POST /auth/token: HTTP 401"), \
+        refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
 
 
 @pytest.fixture(scope="module")

@@ -36,13 +36,12 @@ import signal
 import sqlite3
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from service_helpers import commit_metadata, delta_commits, free_port, read_delta
+
+from rebalance.airflow_client import AirflowClient, AirflowError
 
 pytestmark = pytest.mark.slow
 
@@ -97,60 +96,29 @@ def service(tmp_path_factory):
         assert not left, f"processes left running after down: {left}"
 
 
-class Api:
-    """Airflow's REST API with a token of the admin user."""
+class Api(AirflowClient):
+    """Airflow's REST API as the admin user, on runs of the ``rebalance`` DAG with the
+    test's own data intervals."""
 
     def __init__(self, svc) -> None:
-        self.base = svc.s.api_url
-        user, password = svc.login()
-        self.token = self._call("POST", "/auth/token",
-                                {"username": user, "password": password}, auth=False)["access_token"]
+        super().__init__(svc.s.api_url, *svc.login())
 
-    def _call(self, method: str, path: str, body: dict | None = None, auth: bool = True):
-        headers = {"Content-Type": "application/json"}
-        if auth:
-            headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(self.base + path, method=method, headers=headers,
-                                     data=None if body is None else json.dumps(body).encode())
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return json.load(resp)
-
-    def get(self, path: str):
-        return self._call("GET", path)
-
-    def trigger(self, run_id: str, logical: dt.datetime, start: dt.datetime, end: dt.datetime,
-                conf: dict) -> dict:
-        return self._call("POST", f"/api/v2/dags/{DAG}/dagRuns", {
-            "dag_run_id": run_id, "logical_date": logical.isoformat(),
-            "data_interval_start": start.isoformat(), "data_interval_end": end.isoformat(),
-            "conf": conf})
-
-    def run(self, run_id: str) -> dict:
-        return self.get(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}")
+    def trigger_in(self, run_id: str, logical: dt.datetime, start: dt.datetime,
+                   end: dt.datetime, conf: dict) -> dict:
+        return self.trigger(DAG, conf, run_id=run_id, logical_date=logical.isoformat(),
+                            data_interval=(start.isoformat(), end.isoformat()))
 
     def tis(self, run_id: str) -> dict[str, dict]:
-        got = self.get(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances")
-        return {t["task_id"]: t for t in got["task_instances"]}
+        return self.task_instances(DAG, run_id)
 
     def log(self, run_id: str, task_id: str, try_number: int) -> str:
-        got = self.get(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
-                       f"{task_id}/logs/{try_number}")
-        return json.dumps(got.get("content"), default=str)
+        return json.dumps(self.task_log(DAG, run_id, task_id, try_number), default=str)
 
     def wait_done(self, run_id: str, timeout: float = RUN_TIMEOUT) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                run = self.run(run_id)
-            except (urllib.error.URLError, OSError):  # api-server busy: ask again
-                time.sleep(5)
-                continue
-            if run["state"] in ("success", "failed"):
-                return run
-            time.sleep(3)
-        raise AssertionError(f"run {run_id} not done after {timeout:.0f} s: "
-                             + json.dumps({k: (v["state"], v["try_number"])
-                                           for k, v in self.tis(run_id).items()}))
+        try:
+            return self.wait(DAG, run_id, timeout)
+        except TimeoutError as exc:
+            raise AssertionError(str(exc)) from None
 
 
 @pytest.fixture(scope="module")
@@ -239,10 +207,10 @@ def test_two_manual_triggers_at_once_through_the_rest_api_apply_one_plan(service
     def post(i: int) -> None:
         barrier.wait()
         try:
-            answers[runs[i]] = api.trigger(runs[i], end - dt.timedelta(seconds=i), start, end,
-                                           conf)["state"]
-        except urllib.error.HTTPError as exc:
-            answers[runs[i]] = f"HTTP {exc.code} {exc.read()[:200]!r}"
+            answers[runs[i]] = api.trigger_in(runs[i], end - dt.timedelta(seconds=i), start,
+                                              end, conf)["state"]
+        except AirflowError as exc:
+            answers[runs[i]] = str(exc)
     threads = [threading.Thread(target=post, args=(i,)) for i in (0, 1)]
     t0 = time.monotonic()
     for t in threads:
@@ -276,7 +244,7 @@ def test_two_manual_triggers_at_once_through_the_rest_api_apply_one_plan(service
 def test_kill9_of_the_publish_task_process_then_the_retry_publishes_the_same_plan_once(service, api):
     start, end = _interval()
     run_id = "manual__faults-publish"
-    api.trigger(run_id, end, start, end,
+    api.trigger_in(run_id, end, start, end,
                 {"force": True, "apply_mode": "broadcast", **LOOSE_VERIFY})
     state, pid, _ = _wait("the publish task running", lambda: (
         (lambda r: r if r[0] == "running" and r[1] else None)(_ti_row(service, run_id, "publish"))),
@@ -330,7 +298,7 @@ def test_the_scheduler_killed_mid_run_and_restarted_the_run_completes_once(servi
 
     start, end = _interval()
     run_id = "manual__faults-scheduler"
-    api.trigger(run_id, end, start, end,
+    api.trigger_in(run_id, end, start, end,
                 {"force": True, "apply_mode": "broadcast", **LOOSE_VERIFY})
 
     def in_apply():
@@ -380,44 +348,75 @@ def test_the_scheduler_killed_mid_run_and_restarted_the_run_completes_once(servi
     print("scheduler killed:", service.figures["scheduler_kill"], flush=True)
 
 
-def test_a_delta_conflict_on_restarts_between_the_job_and_the_dag_is_retried_not_lost(service, api):
+#: The DAG's side of the race, in its own process as Airflow's tasks are: a Spark Connect
+#: client (``pyspark.sql.SparkSession.builder.remote`` refuses to start in a process that
+#: already runs a classic session, as the test process does in the full suite) committing
+#: restart requests from when ``go`` exists until ``stop`` exists; each landed request id is
+#: appended to ``written`` (created once the client is connected).
+HAMMER = """
+import sys, time
+from pathlib import Path
+from rebalance.spark import tables
+from rebalance.spark.session import remote_session
+from rebalance.streaming.restart_control import RestartControl
+
+url, where, go, stop, written, errors = sys.argv[1:7]
+spark = remote_session(url)
+probe = RestartControl(spark, "probe", where)
+assert tables.exists(spark, tables.RESTARTS, where)
+Path(written).touch()
+while not Path(go).exists():
+    time.sleep(0.1)
+i = 0
+while not Path(stop).exists():
+    rid = f"probe-{i:04d}"
+    try:
+        probe.request(0, 4, request_id=rid)
+        with open(written, "a") as out:
+            out.write(rid + "\\n")
+    except Exception as exc:  # a lost write is what the test reports
+        with open(errors, "a") as out:
+            out.write(f"{rid}: {type(exc).__name__}: {str(exc)[:300]!r}\\n")
+    i += 1
+spark.stop()
+"""
+
+
+def test_a_delta_conflict_on_restarts_between_the_job_and_the_dag_is_retried_not_lost(
+        service, api, tmp_path):
     """The job writes its restart steps to ``restarts`` while the DAG's side commits restart
     requests to the same table (through the Spark Connect server the DAG's tasks use):
     the commits race; every one lands once."""
-    from rebalance.spark import tables
-    from rebalance.spark.session import remote_session
-    from rebalance.streaming.restart_control import RestartControl
+    import subprocess
+    import sys
 
     start, end = _interval()
     run_id = "manual__faults-restart-conflict"
-    spark = remote_session(service.s.connect_url)
-    probe = RestartControl(spark, "probe", str(_tables(service)))
-    assert tables.exists(spark, tables.RESTARTS, str(_tables(service)))
-    stop = threading.Event()
-    written: list[str] = []
-    errors: list[str] = []
-
-    def hammer():
-        i = 0
-        while not stop.is_set():
-            rid = f"probe-{i:04d}"
-            try:
-                probe.request(0, 4, request_id=rid)
-                written.append(rid)
-            except Exception as exc:  # noqa: BLE001 - a lost write is what the test reports
-                errors.append(f"{rid}: {type(exc).__name__}: {str(exc)[:300]}")
-            i += 1
-    api.trigger(run_id, end, start, end,
-                {"force": True, "apply_mode": "restart", **LOOSE_VERIFY})
-    _wait("the run's plan", lambda: _plans_of(service, run_id), RUN_TIMEOUT, 2)
-    plan_id = _plans_of(service, run_id)[0]["plan_id"]
-    thread = threading.Thread(target=hammer)
-    thread.start()
+    go, stop, written_file, errors_file = (
+        tmp_path / n for n in ("go", "stop", "written", "errors"))
+    hammer = subprocess.Popen(
+        [sys.executable, "-c", HAMMER, service.s.connect_url, str(_tables(service)),
+         str(go), str(stop), str(written_file), str(errors_file)])
     try:
+        _wait("the DAG-side client", lambda: written_file.exists() or hammer.poll() is not None,
+              180)
+        assert hammer.poll() is None, f"the DAG-side client exited: {hammer.returncode}"
+        api.trigger_in(run_id, end, start, end,
+                    {"force": True, "apply_mode": "restart", **LOOSE_VERIFY})
+        _wait("the run's plan", lambda: _plans_of(service, run_id), RUN_TIMEOUT, 2)
+        plan_id = _plans_of(service, run_id)[0]["plan_id"]
+        go.touch()
         run = api.wait_done(run_id)
     finally:
-        stop.set()
-        thread.join(timeout=300)
+        stop.touch()
+        try:
+            hammer.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            hammer.kill()
+            hammer.wait()
+    assert hammer.returncode == 0, hammer.returncode
+    written = written_file.read_text().split()
+    errors = errors_file.read_text().splitlines() if errors_file.exists() else []
     tis = api.tis(run_id)
     assert run["state"] == "success", {k: (v["state"], v["try_number"]) for k, v in tis.items()}
     assert not errors, errors
