@@ -259,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     run_id = run["dag_run_id"]
     print(f"triggered {args.dag} run {run_id} (conf {json.dumps(conf, sort_keys=True)})")
+    print(f"  {client.base}/dags/{quote(args.dag, safe='')}/runs/{quote(run_id, safe='')}")
     if not args.wait:
         return 0
     try:
@@ -266,15 +267,20 @@ def _run(args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         print(f"rebalance trigger: {exc}", file=sys.stderr)
         return 1
-    for task_id, ti in client.task_instances(args.dag, run_id).items():
-        print(f"  {task_id:16s} {ti['state']}")
-    for plan in client.plans() if args.dag == DAG_ID else []:
-        if plan.get("run_id") == run_id:
-            print(f"plan {plan['plan_id']}: {plan['status']}, imbalance "
-                  f"{_fmt(plan.get('imbalance_before'))} -> {_fmt(plan.get('predicted_imbalance'))}"
-                  f" predicted, {_fmt(plan.get('realised_imbalance'))} realised; moves "
-                  f"{plan.get('moved_keys')} keys; assignment version "
-                  f"{plan.get('assignment_version')}")
+    tis = sorted(client.task_instances(args.dag, run_id).values(),  # in the order they ran
+                 key=lambda ti: (ti.get("start_date") or "~", ti["task_id"]))
+    for ti in tis:
+        print(f"  {ti['task_id']:20s} {ti['state']}")
+    plans = [p for p in (client.plans() if args.dag == DAG_ID else [])
+             if p.get("run_id") == run_id]
+    if args.dag == DAG_ID and not plans:
+        print("no plan stored by this run (the detect task's log says why)")
+    for plan in plans:
+        print(f"plan {plan['plan_id']}: {plan['status']}, imbalance "
+              f"{_fmt(plan.get('imbalance_before'))} -> {_fmt(plan.get('predicted_imbalance'))}"
+              f" predicted, {_fmt(plan.get('realised_imbalance'))} realised; moves "
+              f"{plan.get('moved_keys')} keys; assignment version "
+              f"{plan.get('assignment_version')}")
     print(f"run {run_id}: {run['state']}")
     return 0 if run["state"] == "success" else 1
 

@@ -197,3 +197,87 @@ def test_histograms_across_the_same_n_handoff():
     assert HANDOFF["across"], "no window was open at the export batch"
     _check_histograms(HANDOFF["expected"], HANDOFF["kh"], HANDOFF["ih"],
                       sorted(HANDOFF["across"]))
+
+
+def _grow_topic(spark, bootstrap: str, topic: str, partitions: int) -> None:
+    """Raise the topic's partition count (Kafka's admin client, in the driver's JVM), as an
+    operator does with ``kafka-topics --alter --partitions``."""
+    jvm = spark.sparkContext._jvm
+    props = jvm.java.util.Properties()
+    props.setProperty("bootstrap.servers", bootstrap)
+    admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(props)
+    try:
+        grow = jvm.java.util.Collections.singletonMap(
+            topic, jvm.org.apache.kafka.clients.admin.NewPartitions.increaseTo(partitions))
+        admin.createPartitions(grow).all().get(60, jvm.java.util.concurrent.TimeUnit.SECONDS)
+    finally:
+        admin.close()
+
+
+def test_a_partition_added_while_the_job_is_stopped_is_read_from_its_start(
+        spark, broker, tmp_path):
+    """A scale out whose driver dies after the old generation stopped; before a new driver
+    comes, the topic grows from 2 to 3 partitions and events are produced to the new one.
+    The new checkpoint starts at the old one's offsets for partitions 0 and 1 and at the
+    earliest offset of partition 2 (Spark refuses starting offsets that do not name every
+    partition): every event counts once."""
+    from pyspark.sql import functions as F
+
+    from rebalance.spark import tables
+    from rebalance.streaming.generator import EventGenerator, GeneratorConfig, produce_batches
+    from rebalance.streaming.job import JobConfig, kafka_partitions
+    from rebalance.streaming.restart import RestartableJob, SimulatedCrash, request_restart
+
+    topic = "events-grow"
+    root = str(tmp_path / "tables")
+    config = JobConfig(n_instances=2, window_seconds=W_MS / 1000, n_windows=2,
+                       watermark_seconds=10, trigger_seconds=0.5, name="kgrow",
+                       tables_root=root, checkpoint_root=str(tmp_path / "checkpoints"),
+                       source="kafka", bootstrap_servers=broker.bootstrap, topic=topic)
+    gen = EventGenerator(GeneratorConfig(**GEN))
+    keys = list(gen.keys)
+    produce_batches(spark, gen, range(2), broker.bootstrap, topic)
+    assert kafka_partitions(spark, broker.bootstrap, topic) == [0, 1]
+    job = RestartableJob(spark, config)
+    job.start()
+    try:
+        job.process_all_available()
+        plan = publish_moving_plan(spark, root, keys, 3, ({}, 2), 0.25, "kafka-partitions")
+        request = request_restart(spark, plan["version"], 3, job=config.name, root=root)
+        job.faults.add("stop")
+        with pytest.raises(SimulatedCrash, match="stop"):
+            job.poll()
+    finally:
+        job.hard_stop()
+    # No driver runs: the topic grows, batch 2 goes to the new partition, batch 3 anywhere.
+    _grow_topic(spark, broker.bootstrap, topic, 3)
+    assert kafka_partitions(spark, broker.bootstrap, topic) == [0, 1, 2]
+    batch2 = spark.createDataFrame(gen.batch(2).events, schema=tables.EVENTS.schema)
+    (batch2.select(F.col("key"), F.to_json(F.struct(*batch2.columns)).alias("value"),
+                   F.lit(2).alias("partition"))
+     .write.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+     .option("topic", topic).save())
+    produce_batches(spark, gen, [3], broker.bootstrap, topic)
+
+    job = RestartableJob(spark, config)
+    job.start()  # completes the restart from the ``restarts`` table
+    try:
+        job.process_all_available()
+        time.sleep(1.5)
+        job.process_all_available()
+        status = job.control.status(request)
+        g = job.generation
+    finally:
+        job.stop()
+    assert status["state"] == "acknowledged", status
+    assert g.n_instances == 3 and not g.in_place
+    assert set(g.source["kafka_offsets"][topic]) == {"0", "1"}  # what the old one read
+    last = _ids(Path(g.checkpoint, "commits"))[-1]
+    assert _kafka_offsets(g.checkpoint, last)[topic]["2"] >= len(gen.batch(2).events)
+
+    expected = _expected(gen, range(4))
+    res = _table(spark, tables.RESULTS, root)
+    assert not res.duplicated(["batch_id", "key", "window", "instance"]).any()
+    pd.testing.assert_series_equal(
+        res.groupby(["key", "window"])["events"].sum().sort_index(),
+        expected.groupby(["key", "window"]).size().sort_index(), check_names=False)

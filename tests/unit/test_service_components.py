@@ -8,7 +8,11 @@ import json
 import pytest
 
 from rebalance.service import Service, ServiceError, Settings, airflow_env, components
-from rebalance.streaming.restart_checkpoint import RestartError, kafka_source_after
+from rebalance.streaming.restart_checkpoint import (
+    RestartError,
+    kafka_source_after,
+    with_new_partitions,
+)
 
 
 def _settings(tmp_path, **kw) -> Settings:
@@ -100,6 +104,15 @@ def test_kafka_restart_starts_at_the_old_checkpoints_offsets():
                 {"ev": {"0": -1}}, {"ev": {"0": 1}, "x": {"0": 1}}):
         with pytest.raises(RestartError, match="not one of Kafka topic"):
             kafka_source_after(bad, "ev")
+
+
+def test_partitions_added_after_the_last_commit_start_at_their_earliest_offset():
+    logged = {"ev": {"1": 120, "0": 95}}
+    assert with_new_partitions(logged, "ev", [0, 1]) == {"ev": {"0": 95, "1": 120}}
+    assert with_new_partitions(logged, "ev", [3, 2, 1, 0]) == {
+        "ev": {"0": 95, "1": 120, "2": -2, "3": -2}}
+    with pytest.raises(RestartError, match="no partition 1 any more.*deleted and created"):
+        with_new_partitions(logged, "ev", [0])
 
 
 def test_live_generator_to_kafka_continues_its_recorded_stream(tmp_path):

@@ -179,6 +179,33 @@ def valid_events(raw: DataFrame) -> DataFrame:
 
 # --------------------------------------------------------------------------- sources
 
+def kafka_partitions(spark: SparkSession, bootstrap_servers: str, topic: str,
+                     timeout_seconds: int = 60) -> list[int] | None:
+    """The partition numbers ``topic`` has now, asked of the broker with Kafka's admin
+    client in the driver's JVM (the ``kafka-clients`` JAR Spark's Kafka source ships).
+    None without a JVM in this process (a Spark Connect client)."""
+    try:
+        jvm = spark.sparkContext._jvm
+    except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext here
+        return None
+    if jvm is None:
+        return None
+    props = jvm.java.util.Properties()
+    props.setProperty("bootstrap.servers", bootstrap_servers)
+    props.setProperty("request.timeout.ms", str(timeout_seconds * 1000))
+    admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(props)
+    try:
+        described = (admin.describeTopics(jvm.java.util.Collections.singletonList(topic))
+                     .allTopicNames()
+                     .get(timeout_seconds, jvm.java.util.concurrent.TimeUnit.SECONDS))
+        return sorted(int(info.partition()) for info in described.get(topic).partitions())
+    except Exception as exc:  # noqa: BLE001 - py4j wraps the broker's answer
+        raise JobError(f"cannot list the partitions of Kafka topic {topic!r} at "
+                       f"{bootstrap_servers}: {str(exc).splitlines()[0][:300]}") from None
+    finally:
+        admin.close()
+
+
 def read_events(spark: SparkSession, config: JobConfig,
                 starting_offsets: dict | None = None) -> DataFrame:
     """The raw event stream (the ``events`` table's string columns) of ``config.source``.
@@ -194,6 +221,12 @@ def read_events(spark: SparkSession, config: JobConfig,
     if config.source == "kafka":
         import json
 
+        if starting_offsets:
+            from .restart_checkpoint import with_new_partitions
+
+            partitions = kafka_partitions(spark, config.bootstrap_servers, config.topic)
+            if partitions is not None:
+                starting_offsets = with_new_partitions(starting_offsets, config.topic, partitions)
         reader = (spark.readStream.format("kafka")
                   .option("kafka.bootstrap.servers", config.bootstrap_servers)
                   .option("subscribe", config.topic)

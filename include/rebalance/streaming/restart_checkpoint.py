@@ -141,6 +141,30 @@ def kafka_source_after(offset: dict[str, Any], topic: str) -> dict[str, Any]:
     return {"kafka_offsets": {topic: {str(p): int(o) for p, o in parts.items()}}}
 
 
+def with_new_partitions(offsets: dict[str, Any], topic: str,
+                        partitions: list[int]) -> dict[str, dict[str, int]]:
+    """``startingOffsets`` for every partition ``topic`` has now (``partitions``).
+
+    Spark's Kafka source refuses specific starting offsets that do not name every partition
+    of a subscribed topic (``KAFKA_START_OFFSET_DOES_NOT_MATCH_ASSIGNED``). A partition
+    added to the topic after the old checkpoint's last commit is not in its offsets, and
+    none of its messages was read: it starts at its earliest offset (``-2``). A partition
+    the old checkpoint read that the topic no longer has means the topic was deleted and
+    created again: refused, since its offsets would point into other messages.
+    """
+    given = {str(p): int(o) for p, o in offsets.get(topic, {}).items()}
+    now = {str(int(p)) for p in partitions}
+    gone = sorted(set(given) - now, key=int)
+    if gone:
+        raise RestartError(
+            f"Kafka topic {topic!r} has no partition {', '.join(gone)} any more (it has "
+            f"{', '.join(sorted(now, key=int)) or 'none'}), which the old checkpoint read: "
+            "was the topic deleted and created again? Its offsets cannot be continued; start "
+            "the job on a new checkpoint (and name) to read the topic from its start")
+    merged = {**{p: -2 for p in now - set(given)}, **given}
+    return {topic: {p: merged[p] for p in sorted(merged, key=int)}}
+
+
 def next_source(spark: SparkSession, config: Any, offset: dict[str, Any]) -> dict[str, Any]:
     """Where a new checkpoint's events source starts, exactly after the old checkpoint's
     last committed source ``offset`` (of the events source of ``config.source``)."""
