@@ -10,6 +10,7 @@ oracle computed from the generator.
 * :func:`crash_and_recover`: execute the pending restart with a crash at one step, kill the
   driver's queries, and let a new driver complete it from the ``restarts`` table.
 * :func:`wait_commits`: wait until the running generation committed more batches.
+* :func:`drain`: process what arrived, twice (a batch's late watermark closes windows).
 """
 
 from __future__ import annotations
@@ -107,3 +108,11 @@ def wait_commits(job, n: int = 1, timeout: float = 120.0, feeder: Feeder | None 
             assert feeder.error is None and feeder.is_alive(), feeder.error
         assert time.monotonic() < deadline, f"no {n} batches in {timeout} s"
         time.sleep(0.2)
+
+
+def drain(job) -> None:
+    """Process everything available, wait a moment and again: the second pass runs the
+    batch whose watermark (advanced by the first) closes the last windows."""
+    job.process_all_available()
+    time.sleep(1.5)
+    job.process_all_available()

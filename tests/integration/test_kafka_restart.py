@@ -23,12 +23,11 @@ closed window.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from restart_helpers import Feeder, crash_and_recover, publish_moving_plan, wait_commits
+from restart_helpers import Feeder, crash_and_recover, drain, publish_moving_plan, wait_commits
 from service_helpers import running_broker
 
 pytestmark = pytest.mark.slow
@@ -65,6 +64,17 @@ def _ids(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
+def _config(tmp_path, broker, name: str, topic: str):
+    """The restartable job on ``topic`` (N = 2, 10 s windows, 10 s watermark)."""
+    from rebalance.streaming.job import JobConfig
+
+    return JobConfig(n_instances=2, window_seconds=W_MS / 1000, n_windows=2,
+                     watermark_seconds=10, trigger_seconds=0.5, name=name,
+                     tables_root=str(tmp_path / "tables"),
+                     checkpoint_root=str(tmp_path / "checkpoints"), source="kafka",
+                     bootstrap_servers=broker.bootstrap, topic=topic)
+
+
 def _kafka_offsets(checkpoint: str, batch: int) -> dict:
     """The Kafka offsets (after the batch) a checkpoint logged for ``batch``."""
     return json.loads(Path(checkpoint, "offsets", str(batch)).read_text().splitlines()[2])
@@ -82,14 +92,10 @@ def _table(spark, table, root) -> pd.DataFrame:
 def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path):
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, produce_batches
-    from rebalance.streaming.job import JobConfig
     from rebalance.streaming.restart import RestartableJob, request_restart
 
-    root = str(tmp_path / "tables")
-    config = JobConfig(n_instances=2, window_seconds=W_MS / 1000, n_windows=2,
-                       watermark_seconds=10, trigger_seconds=0.5, name="krestart",
-                       tables_root=root, checkpoint_root=str(tmp_path / "checkpoints"),
-                       source="kafka", bootstrap_servers=broker.bootstrap, topic=TOPIC)
+    config = _config(tmp_path, broker, "krestart", TOPIC)
+    root = config.tables_root
     gen = EventGenerator(GeneratorConfig(**GEN))
     keys = list(gen.keys)
     produce_batches(spark, gen, range(2), broker.bootstrap, TOPIC)
@@ -124,9 +130,7 @@ def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path
         feeder.halt.set()
         feeder.join()
     assert feeder.error is None, feeder.error
-    job.process_all_available()
-    time.sleep(1.5)
-    job.process_all_available()
+    drain(job)
     job.stop()
 
     assert p1["moved"] >= 0.1 and p2["moved"] >= 0.1
@@ -225,15 +229,12 @@ def test_a_partition_added_while_the_job_is_stopped_is_read_from_its_start(
 
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, produce_batches
-    from rebalance.streaming.job import JobConfig, kafka_partitions
+    from rebalance.streaming.job import kafka_partitions
     from rebalance.streaming.restart import RestartableJob, SimulatedCrash, request_restart
 
     topic = "events-grow"
-    root = str(tmp_path / "tables")
-    config = JobConfig(n_instances=2, window_seconds=W_MS / 1000, n_windows=2,
-                       watermark_seconds=10, trigger_seconds=0.5, name="kgrow",
-                       tables_root=root, checkpoint_root=str(tmp_path / "checkpoints"),
-                       source="kafka", bootstrap_servers=broker.bootstrap, topic=topic)
+    config = _config(tmp_path, broker, "kgrow", topic)
+    root = config.tables_root
     gen = EventGenerator(GeneratorConfig(**GEN))
     keys = list(gen.keys)
     produce_batches(spark, gen, range(2), broker.bootstrap, topic)
@@ -262,9 +263,7 @@ def test_a_partition_added_while_the_job_is_stopped_is_read_from_its_start(
     job = RestartableJob(spark, config)
     job.start()  # completes the restart from the ``restarts`` table
     try:
-        job.process_all_available()
-        time.sleep(1.5)
-        job.process_all_available()
+        drain(job)
         status = job.control.status(request)
         g = job.generation
     finally:

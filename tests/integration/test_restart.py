@@ -31,14 +31,20 @@ Expectations are recomputed with pandas from the generator (a batch oracle).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pytest
 from dag_helpers import LIVE, StandIn, dag, data  # noqa: F401 - dag, data are fixtures
-from restart_helpers import Feeder, crash_and_recover, instances, publish_moving_plan, wait_commits
+from restart_helpers import (
+    Feeder,
+    crash_and_recover,
+    drain,
+    instances,
+    publish_moving_plan,
+    wait_commits,
+)
 
 from rebalance.streaming.routing import instance_labels
 
@@ -220,9 +226,7 @@ def scenario(spark, tmp_path_factory) -> Scenario:
         feeder.halt.set()
         feeder.join()
     assert feeder.error is None, feeder.error
-    job.process_all_available()
-    time.sleep(1.5)
-    job.process_all_available()
+    drain(job)
     job.stop()
     final_state = (spark.read.format("statestore").option("path", job.generation.checkpoint)
                    .option("stateVarName", "perkey").load()
