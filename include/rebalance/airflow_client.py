@@ -246,8 +246,8 @@ def _run(args: argparse.Namespace) -> int:
     from .control.params import DAG_ID
 
     args.dag = args.dag or DAG_ID
-    if args.timeout <= 0:
-        raise UserError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if not 0 < args.timeout < float("inf"):  # NaN fails too
+        raise UserError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     try:
         conf = parse_settings(args.pairs, args.conf)
     except ValueError as exc:
@@ -264,15 +264,15 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     try:
         run = client.wait(args.dag, run_id, args.timeout)
-    except TimeoutError as exc:
+        tis = client.task_instances(args.dag, run_id)
+        plans = [p for p in (client.plans() if args.dag == DAG_ID else [])
+                 if p.get("run_id") == run_id]
+    except (TimeoutError, AirflowError) as exc:  # the run goes on: only following it stopped
         print(f"rebalance trigger: {exc}", file=sys.stderr)
         return 1
-    tis = sorted(client.task_instances(args.dag, run_id).values(),  # in the order they ran
-                 key=lambda ti: (ti.get("start_date") or "~", ti["task_id"]))
-    for ti in tis:
+    for ti in sorted(tis.values(),  # in the order they ran
+                     key=lambda ti: (ti.get("start_date") or "~", ti["task_id"])):
         print(f"  {ti['task_id']:20s} {ti['state']}")
-    plans = [p for p in (client.plans() if args.dag == DAG_ID else [])
-             if p.get("run_id") == run_id]
     if args.dag == DAG_ID and not plans:
         print("no plan stored by this run (the detect task's log says why)")
     for plan in plans:

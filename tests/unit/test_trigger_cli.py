@@ -92,6 +92,7 @@ def test_no_password_is_one_line(capsys, tmp_path, monkeypatch):
     assert "no password for Airflow user 'admin'" in err
 
 
-def test_a_nonpositive_timeout_is_refused(capsys):
-    err = _refused(capsys, ["trigger", "--wait", "--timeout", "0", "--password", "x"])
-    assert "--timeout must be > 0" in err
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused(capsys, timeout):
+    err = _refused(capsys, ["trigger", "--wait", "--timeout", timeout, "--password", "x"])
+    assert "--timeout must be a number of seconds > 0" in err
