@@ -204,18 +204,15 @@ def test_histograms_across_the_same_n_handoff():
 
 
 def _grow_topic(spark, bootstrap: str, topic: str, partitions: int) -> None:
-    """Raise the topic's partition count (Kafka's admin client, in the driver's JVM), as an
-    operator does with ``kafka-topics --alter --partitions``."""
+    """Raise the topic's partition count, as an operator does with ``kafka-topics --alter
+    --partitions``."""
+    from rebalance.streaming.job import kafka_admin
+
     jvm = spark.sparkContext._jvm
-    props = jvm.java.util.Properties()
-    props.setProperty("bootstrap.servers", bootstrap)
-    admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(props)
-    try:
+    with kafka_admin(jvm, bootstrap) as admin:
         grow = jvm.java.util.Collections.singletonMap(
             topic, jvm.org.apache.kafka.clients.admin.NewPartitions.increaseTo(partitions))
         admin.createPartitions(grow).all().get(60, jvm.java.util.concurrent.TimeUnit.SECONDS)
-    finally:
-        admin.close()
 
 
 def test_a_partition_added_while_the_job_is_stopped_is_read_from_its_start(

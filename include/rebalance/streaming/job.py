@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
@@ -179,10 +180,23 @@ def valid_events(raw: DataFrame) -> DataFrame:
 
 # --------------------------------------------------------------------------- sources
 
+@contextmanager
+def kafka_admin(jvm, bootstrap_servers: str, timeout_seconds: int = 60):
+    """Kafka's admin client in the driver's JVM ``jvm`` (the ``kafka-clients`` JAR Spark's
+    Kafka source ships), closed on exit."""
+    props = jvm.java.util.Properties()
+    props.setProperty("bootstrap.servers", bootstrap_servers)
+    props.setProperty("request.timeout.ms", str(timeout_seconds * 1000))
+    admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(props)
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
 def kafka_partitions(spark: SparkSession, bootstrap_servers: str, topic: str,
                      timeout_seconds: int = 60) -> list[int] | None:
-    """The partition numbers ``topic`` has now, asked of the broker with Kafka's admin
-    client in the driver's JVM (the ``kafka-clients`` JAR Spark's Kafka source ships).
+    """The partition numbers ``topic`` has now, asked of the broker (:func:`kafka_admin`).
     None without a JVM in this process (a Spark Connect client)."""
     try:
         jvm = spark.sparkContext._jvm
@@ -190,20 +204,15 @@ def kafka_partitions(spark: SparkSession, bootstrap_servers: str, topic: str,
         return None
     if jvm is None:
         return None
-    props = jvm.java.util.Properties()
-    props.setProperty("bootstrap.servers", bootstrap_servers)
-    props.setProperty("request.timeout.ms", str(timeout_seconds * 1000))
-    admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(props)
-    try:
-        described = (admin.describeTopics(jvm.java.util.Collections.singletonList(topic))
-                     .allTopicNames()
-                     .get(timeout_seconds, jvm.java.util.concurrent.TimeUnit.SECONDS))
-        return sorted(int(info.partition()) for info in described.get(topic).partitions())
-    except Exception as exc:  # noqa: BLE001 - py4j wraps the broker's answer
-        raise JobError(f"cannot list the partitions of Kafka topic {topic!r} at "
-                       f"{bootstrap_servers}: {str(exc).splitlines()[0][:300]}") from None
-    finally:
-        admin.close()
+    with kafka_admin(jvm, bootstrap_servers, timeout_seconds) as admin:
+        try:
+            described = (admin.describeTopics(jvm.java.util.Collections.singletonList(topic))
+                         .allTopicNames()
+                         .get(timeout_seconds, jvm.java.util.concurrent.TimeUnit.SECONDS))
+            return sorted(int(info.partition()) for info in described.get(topic).partitions())
+        except Exception as exc:  # noqa: BLE001 - py4j wraps the broker's answer
+            raise JobError(f"cannot list the partitions of Kafka topic {topic!r} at "
+                           f"{bootstrap_servers}: {str(exc).splitlines()[0][:300]}") from None
 
 
 def read_events(spark: SparkSession, config: JobConfig,
