@@ -146,10 +146,7 @@ def plan_page(plan_id: str) -> str:
         "<table class='kv'>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in summary)
         + "</table>",
         "<h2>Instance loads before and after</h2>", _bars_chart(p["instance_loads"]),
-        f"<h2>Moved keys ({len(p['moved'])})</h2>", _table(
-            ["key", "from", "to", "load", "state bytes"],
-            [[_e(m["key"]), m["from"], m["to"], _f(m["load"]), _n(m["state_bytes"])]
-             for m in p["moved"]], "moved"),
+        _moved_section(p["moved"], plan_id),
         f"<h2>Validation (Great Expectations): {v.get('evaluated_expectations', '?')} "
         f"expectations, {v.get('unsuccessful_expectations', '?')} failed</h2>",
         _table(["suite", "expectation", "arguments", "result", "seen"],
@@ -256,6 +253,22 @@ def _run_link(dag_id: str, run_id: str) -> str:
         return _e(run_id or "–")
     return (f'<a target="_top" href="/dags/{quote(dag_id)}/runs/{quote(run_id, safe="")}">'
             f"{_e(run_id)}</a>")
+
+
+MOVED_ROWS_SHOWN = 500
+
+
+def _moved_section(moved: list[dict[str, Any]], plan_id: str) -> str:
+    """The moved keys, largest state first. A plan over 10^6 keys may move 10^5 of them: the
+    page lists the first ``MOVED_ROWS_SHOWN`` and points to the JSON for the rest."""
+    shown = moved[:MOVED_ROWS_SHOWN]
+    note = "" if len(shown) == len(moved) else (
+        f'<p id="moved-truncated">the {len(shown)} with the most state are shown; all '
+        f'{len(moved)} are in the <a href="{PREFIX}/api/plans/{quote(plan_id)}">JSON</a></p>')
+    return (f"<h2>Moved keys ({len(moved)})</h2>" + note + _table(
+        ["key", "from", "to", "load", "state bytes"],
+        [[_e(m["key"]), m["from"], m["to"], _f(m["load"]), _n(m["state_bytes"])]
+         for m in shown], "moved"))
 
 
 def _table(header: list[str], rows: list[list[Any]], css_id: str) -> str:

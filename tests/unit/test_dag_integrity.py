@@ -94,3 +94,20 @@ def test_the_charts_render_loads_and_escape_text():
         "dag_id": "rebalance", "run_id": "manual__x"}])
     assert "<script>" not in table and "&lt;script&gt;" in table
     assert 'href="/dags/rebalance/runs/manual__x"' in table
+
+
+def test_the_moved_keys_section_lists_each_key_or_says_none_and_caps_a_long_list():
+    module = _plugin_module()
+
+    def moved(n):
+        return [{"key": f"k<{i}>", "from": 0, "to": 1, "load": 1.0, "state_bytes": 10.0 * (n - i)}
+                for i in range(n)]
+    none = module._moved_section([], "p1")
+    assert "<h2>Moved keys (0)</h2>" in none and '<p id="moved">none</p>' in none
+    two = module._moved_section(moved(2), "p1")
+    assert two.count("<tr>") == 3 and "k&lt;0&gt;" in two and "moved-truncated" not in two
+    cap = module.MOVED_ROWS_SHOWN
+    many = module._moved_section(moved(cap + 7), "p 1")
+    assert f"<h2>Moved keys ({cap + 7})</h2>" in many and many.count("<tr>") == cap + 1
+    assert f"k&lt;{cap - 1}&gt;" in many and f"k&lt;{cap}&gt;" not in many
+    assert f"all {cap + 7} are in the" in many and 'href="/rebalance/api/plans/p%201"' in many
