@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 #: Run states after which nothing changes (Airflow 3 ``DagRunState``).
 FINISHED = ("success", "failed")
+SKIPPED = "skipped: "  # how control.errors.RunSkipped logs its reason in the task's log
 
 
 class AirflowError(RuntimeError):
@@ -105,6 +106,32 @@ class AirflowClient:
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> Any:
         return self.get(f"{_run_path(dag_id, run_id)}/taskInstances/{quote(task_id, safe='')}"
                         f"/logs/{try_number}").get("content")
+
+    def skip_reasons(self, dag_id: str, run_id: str,
+                     tis: Mapping[str, dict] | None = None) -> dict[str, str]:
+        """Why each skipped task that ran was skipped, by task id: the reason a task of the
+        rebalance DAG logs when it raises ``RunSkipped`` ("too few events: ...", "balanced:
+        ..."). Tasks skipped without running (downstream of a skip) have no reason."""
+        tis = self.task_instances(dag_id, run_id) if tis is None else tis
+        reasons = {}
+        for task_id, ti in tis.items():
+            if ti["state"] != "skipped" or not ti.get("try_number"):
+                continue
+            try:
+                content = self.task_log(dag_id, run_id, task_id, ti["try_number"])
+            except AirflowError:  # no log kept for it: no reason to show
+                continue
+            said = [e["event"][len(SKIPPED):] for e in content or []
+                    if isinstance(e, dict) and str(e.get("event", "")).startswith(SKIPPED)]
+            if said:  # the last one skipped it (a task may wait out an earlier reason)
+                reasons[task_id] = said[-1]
+        return reasons
+
+    def hitl_detail(self, dag_id: str, run_id: str, task_id: str) -> dict:
+        """A human-in-the-loop task's request and its answer (``chosen_options``,
+        ``responded_by_user``) once a person answered."""
+        return self.get(f"{_run_path(dag_id, run_id)}/taskInstances/{quote(task_id, safe='')}"
+                        "/-1/hitlDetails")
 
     def wait(self, dag_id: str, run_id: str, timeout: float, every: float = 3.0) -> dict:
         """Poll the run until it is finished; a busy api-server (no answer) is asked again.
@@ -265,6 +292,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         run = client.wait(args.dag, run_id, args.timeout)
         tis = client.task_instances(args.dag, run_id)
+        skipped = client.skip_reasons(args.dag, run_id, tis)
         plans = [p for p in (client.plans() if args.dag == DAG_ID else [])
                  if p.get("run_id") == run_id]
     except (TimeoutError, AirflowError) as exc:  # the run goes on: only following it stopped
@@ -272,9 +300,11 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     for ti in sorted(tis.values(),  # in the order they ran
                      key=lambda ti: (ti.get("start_date") or "~", ti["task_id"])):
-        print(f"  {ti['task_id']:20s} {ti['state']}")
+        why = skipped.get(ti["task_id"])
+        print(f"  {ti['task_id']:20s} {ti['state']}" + (f": {why}" if why else ""))
     if args.dag == DAG_ID and not plans:
-        print("no plan stored by this run (the detect task's log says why)")
+        print("no plan stored by this run" + ("" if skipped else
+                                               " (the skipped task's log says why)"))
     for plan in plans:
         print(f"plan {plan['plan_id']}: {plan['status']}, imbalance "
               f"{_fmt(plan.get('imbalance_before'))} -> {_fmt(plan.get('predicted_imbalance'))}"

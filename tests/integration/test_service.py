@@ -72,15 +72,14 @@ class Api(AirflowClient):
 
     def failure_report(self, dag_id: str, run_id: str) -> str:
         """States of the run's tasks and the last lines of each failed task's log."""
-        base = f"/api/v2/dags/{dag_id}/dagRuns/{_q(run_id)}/taskInstances"
         lines = []
-        for ti in self.get(base)["task_instances"]:
-            lines.append(f"{ti['task_id']}: {ti['state']}")
+        for task_id, ti in self.task_instances(dag_id, run_id).items():
+            lines.append(f"{task_id}: {ti['state']}")
             if ti["state"] in ("failed", "up_for_retry"):
-                log = self.get(f"{base}/{ti['task_id']}/logs/{max(ti['try_number'], 1)}")
+                log = self.task_log(dag_id, run_id, task_id, max(ti["try_number"], 1))
                 events = [str(e.get("event")) + " "
                           + str([d.get("exc_value") for d in e.get("error_detail") or []])
-                          for e in log.get("content", []) if isinstance(e, dict)]
+                          for e in log or [] if isinstance(e, dict)]
                 lines += ["    " + e[:300] for e in events[-12:]]
         return "\n".join(lines)
 
@@ -178,7 +177,8 @@ def test_the_scheduler_applies_and_verifies_a_plan_on_its_own(service, api):
 def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(service):
     """The command-line twin of the UI's trigger form, against the real api-server and
     scheduler: params set on the command line reach the run, which stores a what-if plan
-    (``apply_mode=dry-run`` changes no assignment); a wrong password is one line, exit 2."""
+    (``apply_mode=dry-run`` changes no assignment); a run that skips prints the reason; a
+    wrong password is one line, exit 2."""
     import subprocess
     import sys
 
@@ -200,6 +200,16 @@ def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(service):
     assert (conf["force"], conf["apply_mode"], conf["method"]) == (True, "dry-run", "greedy")
     plan = next(p for p in api.plans() if p["run_id"] == run_id)
     assert plan["status"] == "what-if" and plan["assignment_version"] is None, plan
+
+    # A run that skips says why, from the skipped task's own log.
+    skip = subprocess.run([*cmd[:2], "--set", "min_events=1000000000000", "--wait",
+                           "--timeout", "900"], env=env, capture_output=True, text=True,
+                          timeout=1000)
+    print(skip.stdout, skip.stderr)
+    assert skip.returncode == 0, (skip.stdout, skip.stderr)
+    assert "no plan stored by this run\n" in skip.stdout, skip.stdout
+    windows = next(line for line in skip.stdout.splitlines() if line.startswith("  windows "))
+    assert "skipped: too few events: " in windows and "1000000000000 required" in windows, windows
 
     refused = subprocess.run([*cmd[:2], "--password", "wrong"], env=env, capture_output=True,
                              text=True, timeout=120)
@@ -288,12 +298,10 @@ def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(ui, api):
     assert (conf["method"], conf["theta"], conf["require_approval"]) == ("milp", 0.05, True)
 
     def awaiting():
-        tis = api.get(f"/api/v2/dags/rebalance/dagRuns/{_q(run_id)}/taskInstances")["task_instances"]
-        states = {t["task_id"]: t["state"] for t in tis}
+        states = {t: ti["state"] for t, ti in api.task_instances("rebalance", run_id).items()}
         assert states.get("windows") not in ("failed", "skipped"), states
         assert states.get("plan") not in ("failed", "skipped"), states
         return states.get("approve") in ("deferred", "awaiting_input", "running") and states
-    hitl = f"/api/v2/dags/rebalance/dagRuns/{_q(run_id)}/taskInstances/approve/-1/hitlDetails"
     api.wait_for("the approval to be asked", awaiting, 300)
     # Airflow may retry the approval task right after it asked (the executor event can race
     # the deferral, seen even on a quiet machine): the new try asks again, and a person
@@ -305,7 +313,7 @@ def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(ui, api):
         state = api.run("rebalance", run_id)["state"]
         if state in ("success", "failed"):
             break
-        ti = api.get(f"/api/v2/dags/rebalance/dagRuns/{_q(run_id)}/taskInstances/approve")
+        ti = api.task_instances("rebalance", run_id)["approve"]
         asking = ti["state"] in ("deferred", "awaiting_input", "running")
         if asking and ti["try_number"] not in answered:
             ui.approve("rebalance", run_id, shot="02-required-action" if not answered
@@ -313,7 +321,7 @@ def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(ui, api):
             answered.add(ti["try_number"])
         time.sleep(5)
     assert answered, "the approval was never answered"
-    answer = api.get(hitl)
+    answer = api.hitl_detail("rebalance", run_id, "approve")
     assert answer["chosen_options"] == ["Approve"] and answer["responded_by_user"]["name"] == api.user
     assert state == "success", api.failure_report("rebalance", run_id)
 
@@ -350,9 +358,3 @@ def _assert_moved_keys_shown(page, plan: dict) -> None:
         assert page.locator("table#moved tr").count() == n + 1
     else:
         assert page.locator("p#moved").inner_text() == "none"
-
-
-def _q(run_id: str) -> str:
-    from urllib.parse import quote
-
-    return quote(run_id, safe="")

@@ -100,3 +100,17 @@ def test_apply_mode_auto_restarts_only_when_the_plan_moves_enough_state():
     # Explicit modes are what they say, whatever the plan moves.
     for mode in ("broadcast", "restart", "dry-run"):
         assert resolve_mode(mode, 0.9) == mode and resolve_mode(mode, 0.0) == mode
+
+
+@pytest.mark.parametrize("start, end, text", [
+    (None, None, "the latest 6 windows stored"),
+    ("2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00",
+     "the 6 windows before 2026-01-01T00:00:00+00:00"),
+    ("2026-01-01T00:00:00+00:00", "2026-01-01T00:02:00+00:00",
+     "[2026-01-01T00:00:00+00:00, 2026-01-01T00:02:00+00:00)"),
+])
+def test_a_skip_names_the_windows_the_run_looked_at(start, end, text):
+    from rebalance.control.inputs import _windows_text
+    from rebalance.control.params import RunInfo
+
+    assert _windows_text(RunInfo("rebalance", "manual__x", "manual", start, end), 6) == text

@@ -96,3 +96,34 @@ def test_no_password_is_one_line(capsys, tmp_path, monkeypatch):
 def test_a_timeout_that_is_not_a_positive_number_is_refused(capsys, timeout):
     err = _refused(capsys, ["trigger", "--wait", "--timeout", timeout, "--password", "x"])
     assert "--timeout must be a number of seconds > 0" in err
+
+
+def test_a_skip_is_logged_the_way_the_trigger_command_finds_it(caplog):
+    from rebalance.airflow_client import SKIPPED
+    from rebalance.control.errors import RunSkipped
+
+    with caplog.at_level("INFO", logger="rebalance.control"):
+        RunSkipped("too few events: 3 in 2 windows")
+    assert [r.getMessage() for r in caplog.records] == [SKIPPED + "too few events: 3 in 2 windows"]
+
+
+def test_skip_reasons_come_from_the_logs_of_skipped_tasks_that_ran():
+    from rebalance.airflow_client import AirflowClient, AirflowError
+
+    class Logs(AirflowClient):  # the REST layer answers from a dict; the filtering is real
+        asked: list = []
+
+        def task_log(self, dag_id, run_id, task_id, try_number):
+            self.asked.append((task_id, try_number))
+            if task_id == "gone":
+                raise AirflowError("GET ...: HTTP 404 not found", 404)
+            return [{"event": "starting"}, {"event": "skipped: no table yet (waited for)"},
+                    "a plain line", {"event": f"skipped: {task_id} had nothing to do"}]
+
+    tis = {"windows": {"state": "success", "try_number": 1},
+           "detect": {"state": "skipped", "try_number": 2},
+           "plan": {"state": "skipped", "try_number": 0},     # skipped downstream, never ran
+           "gone": {"state": "skipped", "try_number": 1}}
+    client = Logs.__new__(Logs)  # no login: nothing here reaches an api-server
+    assert client.skip_reasons("rebalance", "r1", tis) == {"detect": "detect had nothing to do"}
+    assert client.asked == [("detect", 2), ("gone", 1)]

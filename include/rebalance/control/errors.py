@@ -27,7 +27,7 @@ class RunSkipped(AirflowSkipException):
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
-        log.info("skipped: %s", reason)
+        log.info("skipped: %s", reason)  # airflow_client.SKIPPED finds it in the task log
 
 
 class InvalidParams(AirflowFailException, ValueError):

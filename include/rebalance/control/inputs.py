@@ -92,7 +92,7 @@ def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: 
         time.sleep(WINDOWS_POLL_SECONDS)
     live_version = tables.latest_assignment_version(spark)
     n_instances = tables.assignments_n_instances(spark)
-    where = f"[{run.data_interval_start}, {run.data_interval_end})"
+    where = _windows_text(run, p.lookback_windows)
     if len(valid) < p.min_windows:
         raise RunSkipped(f"too few valid windows: {len(valid)} with events in {where}, "
                          f"{p.min_windows} required")
@@ -126,6 +126,15 @@ def windows_wait_seconds() -> float:
     import os
 
     return float(os.environ.get("REBALANCE_WINDOWS_WAIT_SECONDS", "0") or 0)
+
+
+def _windows_text(run: RunInfo, lookback: int) -> str:
+    """Which windows the run looked at, for a person: those of ``_interval_windows``."""
+    if run.end is None:  # a run without a data interval plans on the latest windows
+        return f"the latest {lookback} windows stored"
+    if run.start is None or run.start == run.end:
+        return f"the {lookback} windows before {run.data_interval_end}"
+    return f"[{run.data_interval_start}, {run.data_interval_end})"
 
 
 def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dict[str, Any]]]:
