@@ -104,8 +104,7 @@ class AirflowClient:
         return {t["task_id"]: t for t in got["task_instances"]}
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> Any:
-        return self.get(f"{_run_path(dag_id, run_id)}/taskInstances/{quote(task_id, safe='')}"
-                        f"/logs/{try_number}").get("content")
+        return self.get(f"{_task_path(dag_id, run_id, task_id)}/logs/{try_number}").get("content")
 
     def skip_reasons(self, dag_id: str, run_id: str,
                      tis: Mapping[str, dict] | None = None) -> dict[str, str]:
@@ -130,8 +129,7 @@ class AirflowClient:
     def hitl_detail(self, dag_id: str, run_id: str, task_id: str) -> dict:
         """A human-in-the-loop task's request and its answer (``chosen_options``,
         ``responded_by_user``) once a person answered."""
-        return self.get(f"{_run_path(dag_id, run_id)}/taskInstances/{quote(task_id, safe='')}"
-                        "/-1/hitlDetails")
+        return self.get(f"{_task_path(dag_id, run_id, task_id)}/-1/hitlDetails")
 
     def wait(self, dag_id: str, run_id: str, timeout: float, every: float = 3.0) -> dict:
         """Poll the run until it is finished; a busy api-server (no answer) is asked again.
@@ -157,6 +155,10 @@ class AirflowClient:
 
 def _run_path(dag_id: str, run_id: str) -> str:
     return f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
+
+
+def _task_path(dag_id: str, run_id: str, task_id: str) -> str:
+    return f"{_run_path(dag_id, run_id)}/taskInstances/{quote(task_id, safe='')}"
 
 
 def _detail(exc: urllib.error.HTTPError) -> str:
