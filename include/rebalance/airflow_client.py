@@ -107,11 +107,11 @@ class AirflowClient:
         return self.get(f"{_task_path(dag_id, run_id, task_id)}/logs/{try_number}").get("content")
 
     def skip_reasons(self, dag_id: str, run_id: str,
-                     tis: Mapping[str, dict] | None = None) -> dict[str, str]:
-        """Why each skipped task that ran was skipped, by task id: the reason a task of the
-        rebalance DAG logs when it raises ``RunSkipped`` ("too few events: ...", "balanced:
-        ..."). Tasks skipped without running (downstream of a skip) have no reason."""
-        tis = self.task_instances(dag_id, run_id) if tis is None else tis
+                     tis: Mapping[str, dict]) -> dict[str, str]:
+        """Why each skipped task that ran was skipped, by task id (``tis``: the run's
+        :meth:`task_instances`): the reason a task of the rebalance DAG logs when it raises
+        ``RunSkipped`` ("too few events: ...", "balanced: ..."). Tasks skipped without
+        running (downstream of a skip) have no reason."""
         reasons = {}
         for task_id, ti in tis.items():
             if ti["state"] != "skipped" or not ti.get("try_number"):

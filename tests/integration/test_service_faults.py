@@ -434,13 +434,15 @@ def test_a_delta_conflict_on_restarts_between_the_job_and_the_dag_is_retried_not
     for version, actions in delta_commits(_tables(service) / "restarts"):
         info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
         meta = commit_metadata(actions)
-        side[version] = ("job" if meta.get("job") == "keyed" and meta.get("step") != "requested"
-                         else "dag")  # the DAG's own request of this restart is DAG-side
+        if meta.get("job") is not None:  # unlabelled: the table's creation, neither side
+            side[version] = ("job" if meta["job"] == "keyed" and meta.get("step") != "requested"
+                             else "dag")  # the DAG's own request of this restart is DAG-side
         read = info.get("readVersion")
         if read is not None and version - read > 1:
-            raced.append((version, read, side[version], meta.get("step")))
-    across = [r for r in raced
-              if {r[2]} | {side.get(v) for v in range(r[1] + 1, r[0])} == {"job", "dag"}]
+            raced.append((version, read, side.get(version), meta.get("step")))
+    other = {"job": "dag", "dag": "job"}
+    across = [r for r in raced  # retried over at least one commit of the other side
+              if other.get(r[2]) in {side.get(v) for v in range(r[1] + 1, r[0])}]
     assert across, f"no commit of one side raced one of the other (raced: {raced[:10]})"
     job_raced = [r for r in across if r[2] == "job"]
     _applied_once(service, api, run_id)
