@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from importlib import import_module
 
@@ -37,8 +38,28 @@ class UserError(ValueError):
     """An error in the user's input or parameters: printed as one line, exit code 2."""
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that every ``finally`` (temporary
+    folders, staged plan files) runs as it does for Ctrl-C."""
+
+
+class _ArgumentError(Exception):
+    """argparse refused the command line (already printed as one line)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one stderr line (no usage block), exit code 2.
+
+    Subparsers inherit the class (``add_subparsers`` uses the parent's type)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        text = " ".join(str(message).split())
+        print(f"{self.prog}: error: {text}", file=sys.stderr)
+        raise _ArgumentError(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="rebalance",
         description="Plan, validate, publish and apply key-to-instance assignments that keep "
                     "keyed stateful stream jobs balanced.")
@@ -50,12 +71,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised in a subprocess
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    try:
+        args = parser.parse_args(argv)
+    except _ArgumentError:
         return 2
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
+    if not getattr(args, "func", None):
+        print("rebalance: error: a command is required (`rebalance --help` lists them)",
+              file=sys.stderr)
+        return 2
+    try:  # SIGTERM cleans up like SIGINT (only the main thread may set a handler)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:
+        return _run(args)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -63,8 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # UserError, PlanningError, ... : one clear line
         print(f"rebalance {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RecursionError:  # input nested too deeply for a check that recursed
+        print(f"rebalance {args.command}: error: input nested too deeply to read",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+    except Terminated:
+        return 143
 
 
 if __name__ == "__main__":  # pragma: no cover
