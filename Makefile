@@ -91,3 +91,11 @@ constraints: | $(PY)
 
 clean:
 	rm -rf $(VENV) $(JARS) $(AIRFLOW_HOME) .data .pytest_cache .hypothesis
+
+# Issue 19's real traces (pinned archives, SHA-256 checked) into .data/traces, and the backtest benchmark.
+.PHONY: traces bench-backtest
+traces: setup
+	$(PY) include/benchmarks/traces.py fetch
+
+bench-backtest: traces
+	$(PY) include/benchmarks/backtest_benchmark.py
