@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -87,27 +86,37 @@ def test_auto_stops_at_once_when_a_key_alone_sets_the_imbalance():
     # imbalance and nothing else to shed, so no MILP runs.
     load = np.array([30.0] + [1.0] * 30)
     p = _problem(load, current=np.arange(31) % 6, n=6)
-    t0 = time.perf_counter()
     plan = get_planner("auto").plan(p, PlanParams(theta=0.05, time_limit=10))
-    assert time.perf_counter() - t0 < 2
     assert not plan.feasible
     assert plan.metrics.max_load_after == pytest.approx(30.0)
     assert any("theta is unreachable" in n for n in plan.notes)
     assert not any(n.startswith("milp polish") for n in plan.notes)
 
 
-def test_auto_polish_budget_is_far_below_the_time_limit():
+def test_auto_polish_budget_is_far_below_the_time_limit(monkeypatch):
+    from rebalance.planners import auto as auto_module
     from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
 
+    # The MILP polish is given at most POLISH_SECONDS of solver time, never the 30 s
+    # limit. (How long the whole planner takes is a benchmark figure.)
+    budgets = []
+    original = auto_module.AutoPlanner._polish
+
+    def record(problem, params, start, seconds, bound, size_seconds=None):
+        budgets.append(seconds)
+        return original(problem, params, start, seconds, bound, size_seconds)
+
+    monkeypatch.setattr(auto_module.AutoPlanner, "_polish", staticmethod(record))
     w = SyntheticWorkload(SyntheticConfig(n_keys=3000, n_instances=32, zipf=0.6, seed=2))
     problem = w.problem(1)
-    t0 = time.perf_counter()
     plan = get_planner("auto").plan(problem, PlanParams(theta=0.02, time_limit=30))
-    spent = time.perf_counter() - t0
     mixed = get_planner("mixed").plan(problem, PlanParams(theta=0.02))
     assert plan.metrics.migration_bytes <= mixed.metrics.migration_bytes * (1 + 1e-9)
-    # Mixed + covers (<= 1 s) + POLISH_SECONDS + evaluation, never the 30 s limit
-    assert spent < POLISH_SECONDS + 6
+    # Asked for the exact bound, the cover plan is not good enough: polished, within budget.
+    monkeypatch.setattr(auto_module, "GOOD_ENOUGH", 0.0)
+    plan = get_planner("auto").plan(problem, PlanParams(theta=0.02, time_limit=30))
+    assert any(n.startswith("milp polish") for n in plan.notes), plan.notes
+    assert budgets and all(0 < b <= POLISH_SECONDS for b in budgets), budgets
 
 
 def test_auto_skips_the_cover_plan_when_too_many_keys_sit_on_overloaded_instances(monkeypatch):

@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -266,6 +265,8 @@ def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(case, tmp_path):
     good = tmp_path / "good.parquet"
     histogram_frame(n_keys=5, windows=1).to_parquet(good)
     (tmp_path / "afile").write_text("x")
+    not_parquet = tmp_path / "garbage.parquet"
+    not_parquet.write_bytes(b"not a parquet file\n" * 64)
     window_text = tmp_path / "text.csv"
     histogram_frame(n_keys=5, windows=1).assign(window_start="yesterday noon") \
         .to_csv(window_text, index=False)
@@ -275,7 +276,8 @@ def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(case, tmp_path):
                        r"'cost' sums to inf"),
         "count 2^62": (["--histograms", _huge(tmp_path, "n.parquet", count=2 ** 62)],
                        r"'count' sums to"),
-        "instances 10^9": (["--histograms", good, "--instances", 1_000_000_000],
+        # refused before reading anything: the histograms file is not even Parquet
+        "instances 10^9": (["--histograms", not_parquet, "--instances", 1_000_000_000],
                            r"--instances must be <= 4096"),
         "out /proc": (["--histograms", good, "--out", "/proc/foo"], r"cannot be created"),
         "out under a file": (["--histograms", good, "--out", tmp_path / "afile" / "x"],
@@ -287,7 +289,6 @@ def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(case, tmp_path):
     flags = {"--histograms": good, "--instances": 4, "--method": "mixed", "--out": out}
     for i in range(0, len(args), 2):
         flags[args[i]] = args[i + 1]
-    t0 = time.perf_counter()
     done = _console([x for kv in flags.items() for x in kv])
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
@@ -296,8 +297,6 @@ def test_hostile_inputs_exit_2_with_one_line_and_write_nothing(case, tmp_path):
     assert lines[0].startswith("rebalance plan: error: ") and re.search(match, lines[0]), lines[0]
     assert not out.exists() and not out.parent.exists()
     assert not list(tmp_path.glob(".*probe*"))
-    if case == "instances 10^9":
-        assert time.perf_counter() - t0 < 20  # refused before reading anything
 
 
 def test_plan_json_records_where_the_time_went(inputs, tmp_path, capsys):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -157,11 +155,8 @@ def test_summary_amortises_migration():
 # ------------------------------------------------------------------ end to end
 
 def test_quick_bench_end_to_end(tmp_path, capsys):
-    t0 = time.perf_counter()
     code = main(["bench", "--experiment", "quick", "--out", str(tmp_path), "--no-progress"])
-    elapsed = time.perf_counter() - t0
     assert code == 0
-    assert elapsed < 60
     out = capsys.readouterr().out
     assert "imbalance_after" in out and "migration_fraction" in out
     for name in ("mixed", "milp", "flux", "elb", "clb@4"):
