@@ -57,6 +57,133 @@ def add_subcommands(subparsers) -> None:
 
 
 # ---------------------------------------------------------------------- apply
+#: Largest ``status --windows`` (a Spark LIMIT is a Java int; no job keeps more windows).
+MAX_STATUS_WINDOWS = 100_000
+
+
+def cli_spark_session():
+    """The control plane's session for a command: a JVM started here writes its stderr
+    (the "Using incubator modules" warning, log4j's ERROR lines and Java stack traces)
+    to its log file, so a refusal stays one line."""
+    from .control.inputs import spark_session
+    from .histogram_files import jvm_stderr_to
+    from .spark.session import spark_log_file
+
+    with jvm_stderr_to(spark_log_file("rebalance-dag")):
+        return spark_session()
+
+
+def refuse_unreadable_tables(spark, root=None) -> None:
+    """One line naming the path of a project table that exists but is no readable Delta
+    table (corrupt ``_delta_log``, a plain folder), before any command reads it."""
+    from .spark import tables
+    from .spark.plan_store import CONTROL, PLAN_ASSIGNMENTS, PLANS
+
+    for table in (tables.ASSIGNMENTS, tables.KEY_HISTOGRAMS, PLANS, PLAN_ASSIGNMENTS, CONTROL):
+        tables.check_readable(spark, table, root)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    import math
+
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+_MISSING = object()
+
+
+def check_plan_document(document: Any, where: Path) -> dict[str, Any]:
+    """The fields of plan.json ``rebalance apply`` uses, each checked for its type and
+    range (one line naming the field and value): any JSON value may arrive here."""
+    from .cli import UserError
+    from .methods import METHODS
+    from .model import MAX_INSTANCES
+    from .plan_cli import FORMAT_VERSION
+
+    def bad(field: str, value: Any, expected: str) -> UserError:
+        if value is _MISSING:
+            return UserError(f"{where}: {field} is missing (expected {expected})")
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return UserError(f"{where}: {field} must be {expected}, got {shown}")
+
+    if not isinstance(document, dict):
+        raise UserError(f"{where} must hold a JSON object, got {type(document).__name__}: "
+                        "not a plan written by `rebalance plan --out`")
+    if document.get("format_version") != FORMAT_VERSION:
+        raise UserError(f"{where}: format_version {document.get('format_version')!r}, "
+                        f"expected {FORMAT_VERSION}")
+    for name in ("assignment_file", "parameters", "metrics"):
+        if not isinstance(document.get(name), dict):
+            raise bad(name, document.get(name, _MISSING), "a JSON object")
+    if not isinstance(document.get("method", _MISSING), str):
+        raise bad("method", document.get("method", _MISSING), "a string")
+    named = document["assignment_file"]
+    sha = named.get("sha256", _MISSING)
+    if not (isinstance(sha, str) and len(sha) == 64):
+        raise bad("assignment_file.sha256", sha, "a SHA-256 digest (64 hex digits)")
+    if not (_is_int(named.get("rows", _MISSING)) and named["rows"] >= 0):
+        raise bad("assignment_file.rows", named.get("rows", _MISSING), "an integer >= 0")
+    p = document["parameters"]
+    if not (isinstance(p.get("histograms", _MISSING), str) and p["histograms"]):
+        raise bad("parameters.histograms", p.get("histograms", _MISSING), "a path")
+    if not (_is_int(p.get("instances", _MISSING)) and 1 <= p["instances"] <= MAX_INSTANCES):
+        raise bad("parameters.instances", p.get("instances", _MISSING),
+                  f"an integer within [1, {MAX_INSTANCES}]")
+    if not (_is_int(p.get("windows", _MISSING)) and p["windows"] >= 1):
+        raise bad("parameters.windows", p.get("windows", _MISSING), "an integer >= 1")
+    if p.get("method", _MISSING) not in METHODS:
+        raise bad("parameters.method", p.get("method", _MISSING), f"one of {', '.join(METHODS)}")
+    if not (_is_number(p.get("theta", _MISSING)) and p["theta"] > 0):
+        raise bad("parameters.theta", p.get("theta", _MISSING), "a number > 0")
+    if p.get("max_table") is not None and not (_is_int(p["max_table"]) and p["max_table"] >= 0):
+        raise bad("parameters.max_table", p["max_table"], "null or an integer >= 0")
+    budget = p.get("migration_budget_bytes")
+    if budget is not None and not (_is_number(budget) and budget >= 0):
+        raise bad("parameters.migration_budget_bytes", budget, "null or a number >= 0")
+    after = document["metrics"].get("imbalance_after", _MISSING)
+    if not (_is_number(after) and after >= 0):
+        raise bad("metrics.imbalance_after", after, "a number >= 0")
+    return document
+
+
+def check_assignment_table(table, document: dict[str, Any], where: Path) -> None:
+    """The assignment file's columns (``key`` string, ``instance`` integer in [0, N),
+    ``moved`` boolean, no nulls) and its row count against plan.json."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .cli import UserError
+
+    kinds = {"key": ("string", (pa.types.is_string, pa.types.is_large_string)),
+             "instance": ("integer", (pa.types.is_integer,)),
+             "moved": ("bool", (pa.types.is_boolean,))}
+    for name, (expected, checks) in kinds.items():
+        if name not in table.column_names:
+            raise UserError(f"{where} lacks the column {name!r} (has: "
+                            f"{', '.join(table.column_names) or 'none'})")
+        column = table.column(name)
+        if not any(check(column.type) for check in checks):
+            raise UserError(f"{where}: column {name!r} has type {column.type}, expected "
+                            f"{expected}")
+        if column.null_count:
+            raise UserError(f"{where}: column {name!r} holds {column.null_count} null(s)")
+    rows = document["assignment_file"]["rows"]
+    if table.num_rows != rows:
+        raise UserError(f"{where} has {table.num_rows} rows, plan.json names {rows}")
+    n = document["parameters"]["instances"]
+    if table.num_rows:
+        lo, hi = (v.as_py() for v in pc.min_max(table.column("instance")).values())
+        if lo < 0 or hi >= n:
+            raise UserError(f"{where}: column 'instance' holds {lo if lo < 0 else hi}, "
+                            f"outside [0, {n}) (plan.json: {n} instances)")
+
+
 def read_plan_dir(path: str | Path) -> tuple[dict[str, Any], Any]:
     """``plan.json`` and the assignment table of a plan directory, checked against each other."""
     import hashlib
@@ -64,22 +191,40 @@ def read_plan_dir(path: str | Path) -> tuple[dict[str, Any], Any]:
     import pyarrow.parquet as pq
 
     from .cli import UserError
-    from .plan_cli import ASSIGNMENT_FILE, FORMAT_VERSION, PLAN_FILE
+    from .plan_cli import ASSIGNMENT_FILE, PLAN_FILE
 
     directory = Path(path)
+    if not str(path):
+        raise UserError("--plan is empty: name the directory `rebalance plan --out` wrote")
+    if not directory.is_dir():
+        raise UserError(f"--plan {directory} is not a directory "
+                        f"({'not found' if not directory.exists() else 'a file'})")
     try:
-        document = json.loads((directory / PLAN_FILE).read_text())
+        text = (directory / PLAN_FILE).read_text(encoding="utf-8")
         data = (directory / ASSIGNMENT_FILE).read_bytes()
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{directory} is not a plan written by `rebalance plan --out`: {exc}") from None
-    if document.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{directory / PLAN_FILE}: format_version {document.get('format_version')!r}, "
-                        f"expected {FORMAT_VERSION}")
-    named = document.get("assignment_file") or {}
-    if named.get("sha256") != hashlib.sha256(data).hexdigest():
+    except (OSError, UnicodeDecodeError) as exc:
+        name = getattr(exc, "filename", None) or directory / PLAN_FILE
+        raise UserError(f"{directory} is not a plan written by `rebalance plan --out`: "
+                        f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise UserError(f"{directory / PLAN_FILE} is nested too deeply to be a plan") from None
+    except ValueError as exc:
+        raise UserError(f"{directory / PLAN_FILE} is not JSON: {exc}") from None
+    document = check_plan_document(document, directory / PLAN_FILE)
+    if document["assignment_file"]["sha256"] != hashlib.sha256(data).hexdigest():
         raise UserError(f"{directory / ASSIGNMENT_FILE} is not the assignment {PLAN_FILE} names "
                         "(SHA-256 differs): write the plan again")
-    return document, pq.read_table(directory / ASSIGNMENT_FILE)
+    try:
+        table = pq.read_table(directory / ASSIGNMENT_FILE)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
+        from .histogram_files import first_line
+
+        raise UserError(f"cannot read {directory / ASSIGNMENT_FILE} as Parquet: "
+                        f"{first_line(exc)}") from None
+    check_assignment_table(table, document, directory / ASSIGNMENT_FILE)
+    return document, table
 
 
 def _problem_over_live(document: dict[str, Any], n_instances: int, routing: dict[str, int]):
@@ -133,13 +278,14 @@ def apply_plan(args: argparse.Namespace) -> int:
     from .cli import UserError
     from .control import rollout
     from .control.errors import ApplyRefused, PlanRejected, RunSkipped
-    from .control.inputs import assignment_frame, plan_store, spark_session
+    from .control.inputs import assignment_frame, plan_store
     from .control.params import RunInfo, RunParams
     from .control.records import PlanRecord, PlanStatus, hash_id
     from .spark import tables
 
     document, table = read_plan_dir(args.plan)
-    spark = spark_session()
+    spark = cli_spark_session()
+    refuse_unreadable_tables(spark)
     if not tables.exists(spark, tables.ASSIGNMENTS):
         raise UserError("no assignments table yet (the streaming job creates it at start)")
     live_version = tables.latest_assignment_version(spark)
@@ -242,13 +388,14 @@ def latest_window_imbalance(spark, n_instances: int, n_windows: int) -> list[tup
 def status(args: argparse.Namespace) -> int:
     """``rebalance status``."""
     from .cli import UserError
-    from .control.inputs import plan_store, spark_session
+    from .control.inputs import plan_store
     from .control.records import STATUS_ORDER, PlanStatus
     from .spark import tables
 
-    if args.windows < 1:
-        raise UserError(f"--windows must be >= 1, got {args.windows}")
-    spark = spark_session()
+    if not 1 <= args.windows <= MAX_STATUS_WINDOWS:
+        raise UserError(f"--windows must be within [1, {MAX_STATUS_WINDOWS}], got {args.windows}")
+    spark = cli_spark_session()
+    refuse_unreadable_tables(spark)
     if not tables.exists(spark, tables.ASSIGNMENTS):
         print("no assignments table yet: the streaming job creates it at start")
         return 0

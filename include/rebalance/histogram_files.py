@@ -45,7 +45,7 @@ def read_histograms(path: str | Path):
 
 
 @contextmanager
-def _jvm_stderr_to(log: Path):
+def jvm_stderr_to(log: Path):
     """While the block runs, file descriptor 2 is ``log``: a JVM started in it keeps
     writing there (its own warnings, such as "Using incubator modules", and log4j's ERROR
     lines), so ``rebalance plan`` prints its one line and nothing else. Python's own
@@ -70,7 +70,7 @@ def _read_delta(path: Path):
     from .spark.session import get_spark, spark_log_file
 
     try:
-        with _jvm_stderr_to(spark_log_file("rebalance-plan")):
+        with jvm_stderr_to(spark_log_file("rebalance-plan")):
             spark = get_spark("rebalance-plan")
         df = spark.read.format("delta").load(str(path.resolve()))
     except Exception as exc:  # noqa: BLE001 - any Spark/Delta failure is a bad input here

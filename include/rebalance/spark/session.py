@@ -28,6 +28,7 @@ reaches stderr.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -161,6 +162,9 @@ def get_spark(app_name: str = "rebalance", master: str | None = None,
     """
     from pyspark.sql import SparkSession
 
+    # py4j logs every closed connection at INFO ("Closing down clientserver connection"):
+    # a handler installed for INFO (Airflow's, on stdout) would print one per command.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     remote = os.environ.get("REBALANCE_SPARK_REMOTE")
     if remote and not master:
         return remote_session(remote, conf)

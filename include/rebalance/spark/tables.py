@@ -66,6 +66,11 @@ class AssignmentError(ValueError):
     """An assignment cannot be published or read (bad routing, wrong instance count)."""
 
 
+class UnreadableTableError(TableError, ValueError):
+    """A table's folder holds no readable Delta table (a corrupt ``_delta_log``, or files
+    but no log): bad input for the commands, one line naming the path."""
+
+
 @dataclass(frozen=True)
 class Table:
     """A Delta table of the project: its name, schema (DDL) and fixed table properties."""
@@ -208,6 +213,52 @@ def exists(spark: SparkSession, table: Table, root: str | Path | None = None) ->
     except Exception:  # noqa: BLE001 - Delta's "not a Delta table" / path-not-found errors
         return False
     return True
+
+
+def check_readable(spark: SparkSession, table: Table, root: str | Path | None = None) -> None:
+    """Refuse (:class:`UnreadableTableError`, naming the path) a table folder that is not
+    a readable Delta table: files but no ``_delta_log`` (a local path), or a log Delta
+    cannot read (garbage commit JSON, missing files). A table that does not exist passes.
+    For commands that only read; writers create missing tables (:func:`ensure_table`)."""
+    path = table.path(root)
+    scheme, sep, rest = str(path).partition("://")
+    if not sep or scheme == "file":
+        folder = Path(rest if sep else path)
+        if folder.exists() and not folder.is_dir():
+            raise UnreadableTableError(f"table {table.name!r} at {folder} is not a folder")
+        if folder.is_dir() and not (folder / "_delta_log").is_dir() and any(
+                not p.name.startswith((".", "_")) for p in folder.iterdir()):
+            raise UnreadableTableError(f"table {table.name!r} at {folder} is not a Delta table "
+                                       "(files but no _delta_log)")
+    if not exists(spark, table, root):
+        return
+    try:
+        spark.sql(f"DESCRIBE HISTORY {sql_name(path)} LIMIT 1").collect()
+        spark.read.format("delta").load(str(path)).limit(0).collect()
+    except Exception as exc:  # noqa: BLE001 - any Spark/Delta failure: the table is unreadable
+        raise UnreadableTableError(f"table {table.name!r} at {path} cannot be read as a Delta "
+                                   f"table: {spark_message(exc)}") from None
+
+
+def spark_message(exc: BaseException, limit: int = 300) -> str:
+    """The first informative line of a Spark/Delta/py4j error (not "An error occurred
+    while calling o42.sql"), at most ``limit`` characters."""
+    text = ""
+    getter = getattr(exc, "getMessage", None)
+    if callable(getter):
+        try:
+            text = str(getter() or "")
+        except Exception:  # noqa: BLE001 - the JVM may be gone
+            text = ""
+    if not text and getattr(exc, "java_exception", None) is not None:
+        try:
+            text = str(exc.java_exception.getMessage() or "")
+        except Exception:  # noqa: BLE001
+            text = ""
+    lines = [ln.strip() for ln in (text or str(exc)).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith("An error occurred while calling")] or lines
+    first = lines[0].lstrip(": ") if lines else type(exc).__name__
+    return first if len(first) <= limit else first[:limit - 3] + "..."
 
 
 def ensure_table(spark: SparkSession, table: Table, root: str | Path | None = None,
