@@ -23,6 +23,10 @@ import json
 import sys
 from typing import Any
 
+#: Largest ``--to-version`` (Delta versions are Java longs) and ``--lookback-windows``
+#: (a Spark LIMIT, a Java int; no job keeps more windows): checked before Spark starts.
+MAX_VERSION = 2 ** 63 - 1
+MAX_LOOKBACK_WINDOWS = 100_000
 
 def add_subcommands(subparsers) -> None:
     """Add ``history`` and ``rollback`` to the ``rebalance`` command's subparsers."""
@@ -51,15 +55,16 @@ def add_subcommands(subparsers) -> None:
 # -------------------------------------------------------------------- history
 def history(args: argparse.Namespace) -> int:
     """Print the plans and assignment versions, newest first, from Delta history."""
+    from .apply_cli import cli_spark_session, refuse_unreadable_tables
     from .cli import UserError
-    from .control.inputs import spark_session
     from .spark import tables
     from .spark.plan_store import PLANS, PlanStore
 
     if args.limit < 0:  # checked before Spark starts (issue 14)
         raise UserError(f"--limit must be >= 0 (0: all), got {args.limit}")
-    spark = spark_session()
+    spark = cli_spark_session()
     store = PlanStore(spark)
+    refuse_unreadable_tables(spark, store.root)
     limit = args.limit or None
     plan_commits = list(reversed(store.history(PLANS)))[:limit]
     versions = (tables.assignment_history(spark)[:limit]
@@ -132,14 +137,15 @@ def _pct(value) -> str:
 # ------------------------------------------------------------------- rollback
 def rollback(args: argparse.Namespace) -> int:
     """Restore assignment version V as a new version, through validation, publish and apply."""
+    from .apply_cli import cli_spark_session, refuse_unreadable_tables
     from .control import rollout
     from .control.errors import ApplyRefused, PlanRejected
-    from .control.inputs import spark_session
     from .control.records import PlanStoreError
     from .control.rollback import propose_rollback
 
     _check_rollback_args(args)
-    spark = spark_session()
+    spark = cli_spark_session()
+    refuse_unreadable_tables(spark)
     try:
         payload = propose_rollback(spark, args.to_version, theta=args.theta,
                                    lookback_windows=args.lookback_windows, dry_run=args.dry_run)
@@ -170,9 +176,11 @@ def _check_rollback_args(args: argparse.Namespace) -> None:
 
     from .cli import UserError
 
-    if args.to_version < 0:
-        raise UserError(f"--to-version must be >= 0, got {args.to_version}")
+    if not 0 <= args.to_version <= MAX_VERSION:
+        raise UserError(f"--to-version must be within [0, {MAX_VERSION}] (a Delta version), "
+                        f"got {args.to_version}")
     if args.theta is not None and not (math.isfinite(args.theta) and args.theta > 0):
         raise UserError(f"--theta must be a number > 0, got {args.theta}")
-    if args.lookback_windows < 1:
-        raise UserError(f"--lookback-windows must be >= 1, got {args.lookback_windows}")
+    if not 1 <= args.lookback_windows <= MAX_LOOKBACK_WINDOWS:
+        raise UserError(f"--lookback-windows must be within [1, {MAX_LOOKBACK_WINDOWS}], "
+                        f"got {args.lookback_windows}")
