@@ -184,6 +184,8 @@ def parse_settings(pairs: list[str], conf_json: str | None) -> dict[str, Any]:
     if conf_json:
         try:
             conf = json.loads(conf_json)
+        except RecursionError:
+            raise ValueError("--conf is nested too deeply (no run parameter nests)") from None
         except ValueError as exc:
             raise ValueError(f"--conf is not JSON: {exc}") from None
         if not isinstance(conf, dict):
@@ -194,6 +196,8 @@ def parse_settings(pairs: list[str], conf_json: str | None) -> dict[str, Any]:
             raise ValueError(f"--set {pair!r}: expected name=value")
         try:
             value = json.loads(text)
+        except RecursionError:
+            raise ValueError(f"--set {name.strip()}: value nested too deeply") from None
         except ValueError:
             value = text
         conf[name.strip()] = value
