@@ -1,4 +1,15 @@
-"""When to rebalance: the trigger conditions of seed 004 (Maric et al., Sec. 3.2, Table 1).
+"""When to rebalance, and whether a plan is worth applying.
+
+Three pure decisions, each a :class:`Decision` with one reason for every rule that blocks
+(``force`` decides yes regardless, and the reasons then record what was overridden):
+
+* :class:`ThetaTrigger` (the default ``trigger_rule`` ``theta``): plan when a majority of
+  the most recent windows exceed the bound the user set, ``1 + theta``, under the live
+  assignment;
+* :class:`TriggerPolicy` (``trigger_rule`` ``seed004``): the trigger conditions of seed 004
+  (Maric et al., Sec. 3.2, Table 1), below;
+* :class:`GainGate`: apply a plan only when, replayed on held-out recent windows, it
+  beats keeping the live assignment by at least ``min_gain`` of mean realised imbalance.
 
 Seed 004 measures imbalance as the maximum load distance coefficient,
 ``MLDC = max_i (L_i - mean) / mean = imbalance - 1``, and redistributes only when all
@@ -32,18 +43,20 @@ def mldc(imbalance: float) -> float:
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether to rebalance now; ``reasons`` name every rule that blocks (or was forced)."""
+    """Whether to rebalance now; ``reasons`` name every rule that blocks (or was forced);
+    ``because`` says why it fires when no rule blocks (default: every condition holds)."""
 
     trigger: bool
     reasons: list[str] = field(default_factory=list)
     forced: bool = False
+    because: str = "every trigger condition holds"
 
     def __str__(self) -> str:
         if self.forced:
             return "rebalance (forced)" + (": overrides " + "; ".join(self.reasons)
                                            if self.reasons else "")
         if self.trigger:
-            return "rebalance: every trigger condition holds"
+            return f"rebalance: {self.because}"
         return "no rebalance: " + "; ".join(self.reasons)
 
 
@@ -97,3 +110,94 @@ class TriggerPolicy:
         if force:
             return Decision(trigger=True, reasons=reasons, forced=True)
         return Decision(trigger=not reasons, reasons=reasons)
+
+
+#: The trigger rules a run can use (run param ``trigger_rule``).
+TRIGGER_RULES = ("theta", "seed004")
+
+
+def _finite_at_least(name: str, value, low: float) -> None:
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)
+                                       and value >= low):
+        raise ValueError(f"{name} must be a finite number >= {low:g}, got {value!r}")
+
+
+def _imbalances_text(values) -> str:
+    return ", ".join("nan" if v != v else f"{v:.3f}" for v in values)
+
+
+@dataclass(frozen=True)
+class ThetaTrigger:
+    """Plan when a majority of the latest ``recent`` windows exceed ``1 + theta``.
+
+    The imbalance of each window is measured under the *live* assignment (the one a plan
+    would replace), so windows from before the last switch are judged as if it had
+    been live then. A majority, not the latest window alone: one window over the bound
+    is often a burst that is gone in the next (planning on it moves keys for nothing),
+    while two of the last three is an imbalance that persists; and not all of them, so
+    the trigger reacts within two windows. With fewer windows than ``recent`` the
+    majority is of those there are (1 of 1, 2 of 2). A NaN imbalance never counts as over.
+    """
+
+    theta: float
+    recent: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.theta, bool) or not (isinstance(self.theta, (int, float))
+                                                and math.isfinite(self.theta) and self.theta > 0):
+            raise ValueError(f"theta must be a finite number > 0, got {self.theta!r}")
+        if isinstance(self.recent, bool) or not isinstance(self.recent, (int, np.integer)) \
+                or self.recent < 1:
+            raise ValueError(f"recent must be an integer >= 1, got {self.recent!r}")
+
+    @property
+    def bound(self) -> float:
+        return 1.0 + float(self.theta)
+
+    def decide(self, window_imbalances, force: bool = False) -> Decision:
+        """window_imbalances: imbalance (max / mean instance load) of each window under the
+        live assignment, oldest first; only the latest ``recent`` are judged."""
+        recent = [float(v) for v in list(window_imbalances)[-int(self.recent):]]
+        over = sum(1 for v in recent if v > self.bound)
+        need = len(recent) // 2 + 1
+        seen = (f"{over} of the latest {len(recent)} window(s) exceed 1 + theta = "
+                f"{self.bound:.3f} (imbalance {_imbalances_text(recent)})")
+        reasons = []
+        if not recent:
+            reasons.append("no window to judge the imbalance on")
+        elif over < need:
+            reasons.append(f"only {seen}; the trigger needs {need}")
+        if force:
+            return Decision(trigger=True, reasons=reasons, forced=True)
+        return Decision(trigger=not reasons, reasons=reasons, because=seen)
+
+
+@dataclass(frozen=True)
+class GainGate:
+    """Apply a plan only when its backtest beats staying by at least ``min_gain``.
+
+    ``planned`` and ``staying`` are the mean realised imbalance over the same held-out
+    windows (windows the plan was not made on) of the plan and of the live assignment.
+    The gain is ``staying - planned``; the gate passes when it is at least ``min_gain``
+    (so with ``min_gain > 0`` a plan that only ties staying is not applied: it would move
+    state for nothing). A NaN on either side blocks.
+    """
+
+    min_gain: float = 0.01
+
+    def __post_init__(self) -> None:
+        _finite_at_least("min_gain", self.min_gain, 0.0)
+
+    def decide(self, planned: float, staying: float, windows: int,
+               force: bool = False) -> Decision:
+        gain = float(staying) - float(planned)
+        seen = (f"backtested realised {planned:.3f} vs {staying:.3f} staying on the "
+                f"{windows} held-out window(s)")
+        reasons = []
+        if not gain >= self.min_gain:  # NaN blocks
+            reasons.append(f"plans made on these windows do not hold: {seen} (gain "
+                           f"{gain:+.3f}, at least {self.min_gain:.3f} required)")
+        if force:
+            return Decision(trigger=True, reasons=reasons, forced=True)
+        return Decision(trigger=not reasons, reasons=reasons,
+                        because=f"plans made on these windows hold: {seen} (gain {gain:+.3f})")
