@@ -23,7 +23,10 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 # py4j logs at interpreter exit, after pytest closed its capture streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
-os.environ.setdefault("REBALANCE_SPARK_CONF", "spark.ui.enabled=false;spark.sql.shuffle.partitions=4")
+# Test-sized Spark: no UI, 4 shuffle partitions, and Delta log checkpoints of 2 partitions
+# instead of 50 (the service's own setting; every tenth commit writes one).
+os.environ.setdefault("REBALANCE_SPARK_CONF", "spark.ui.enabled=false;spark.sql.shuffle.partitions=4;"
+                      "spark.databricks.delta.snapshotPartitions=2")
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +51,18 @@ def airflow_db():
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         marker.touch()
     return TEST_AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """One single-node Kafka broker (KRaft) on free ports of 127.0.0.1 for the whole test
+    run (a JVM start each time otherwise); stopped at the end, both ports checked closed.
+    Each test uses a topic of its own."""
+    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    from service_helpers import running_broker
+
+    with running_broker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -9,7 +9,9 @@ writer in the test process (no JVM: on this shared 2-core machine each JVM start
 one to two minutes). Everything is checked by reading the Delta tables' files from the
 test process (:func:`service_helpers.read_delta`).
 
-One module-scoped stack, used in order:
+One module-scoped stack (the job's data folder and process); each test brings it to
+what it needs (:meth:`Stack.ready`: events sent, the job running and caught up), so a
+test run alone (``-k``) sets up its own; run in file order they share the job:
 
 1. ``kill -9`` (SIGKILL of the whole process group: Python driver, JVM, Python workers)
    of the job twice during a micro-batch: first after the batch's offsets were logged
@@ -102,6 +104,7 @@ class Stack:
             seed=14, fluctuation=1.0, interval_batches=4, n_instances=4,
             start="2026-01-01T00:00:00Z"))
         self.job: Proc | None = None
+        self.batches = 0  # generator batches sent so far (0, 1, ...)
         self.procs: list[Proc] = []
         self.figures: dict[str, object] = {}
 
@@ -111,6 +114,27 @@ class Stack:
         self.job = Proc(self.argv, self.env, self.data.parent / "job.log", cwd=REPO)
         self.procs.append(self.job)
         return self.job
+
+    def send(self, count: int) -> None:
+        """Append the next ``count`` generator batches to ``events``."""
+        for _ in range(count):
+            self.writer.append(self.batches)
+            self.batches += 1
+
+    def stored(self) -> bool:
+        """The job's tables exist and hold the histograms of a closed window."""
+        return self.tables.joinpath("assignments").exists() and bool(self.histogram_windows())
+
+    def ready(self) -> None:
+        """The job running, every event sent counted and the closed windows' histograms
+        written: sends six batches if none was sent and starts the job if it does not run
+        (a test run alone); after the kill -9 test it only checks."""
+        if not self.batches:
+            self.send(6)
+        if self.job is None or not self.job.alive():
+            self.start_job()
+        self.wait("the job to count every event sent", self.caught_up,
+                  START_TIMEOUT + CATCH_UP_TIMEOUT, 2.0)
 
     def stop_all(self) -> None:
         for p in self.procs:
@@ -262,13 +286,16 @@ def _after_a_sink(stack: Stack):
 
 def test_kill9_of_the_job_twice_mid_batch_loses_and_doubles_nothing(stack):
     t0 = time.monotonic()
-    for b in range(6):
-        stack.writer.append(b)
+    if stack.job is not None and stack.job.alive():  # (run after another test)
+        stack.job.kill9()
+    before = max(stack.commits(), default=-1)
+    stack.send(6)  # one events file per micro-batch: six batches to kill one in
     kills = []
 
     # 1st: killed after the batch's offsets are logged, before its commit
     job = stack.start_job()
-    stack.wait("a first committed batch", lambda: stack.commits(), START_TIMEOUT)
+    stack.wait("a first committed batch", lambda: max(stack.commits(), default=-1) > before,
+               START_TIMEOUT)
     moment, batch = stack.wait("a micro-batch under way", lambda: _in_batch(stack), 120, 0.05)
     job.kill9()
     kills.append((moment, batch))
@@ -291,8 +318,7 @@ def test_kill9_of_the_job_twice_mid_batch_loses_and_doubles_nothing(stack):
     assert found[1] not in stack.commits()
 
     # input arrives while the job is down
-    for b in range(6, 9):
-        stack.writer.append(b)
+    stack.send(3)
     job = stack.start_job()
     restart = time.monotonic()
     stack.wait("every event counted and the closed windows' histograms written",
@@ -348,8 +374,7 @@ def test_kill9_during_apply_then_the_retry_applies_the_same_plan_once(stack):
     """The Airflow task process killed after it wrote the assignment version and before it
     recorded the plan as applied: the retry (same run) finds its own version, writes none,
     records it; the lease, held by the plan, does not block the retry."""
-    if stack.job is None or not stack.job.alive():
-        pytest.skip("needs the running job of the kill -9 test")
+    stack.ready()
     t0 = time.monotonic()
     run_id = "manual__faults-apply"
     before = [v for v, _ in delta_commits(stack.tables / "assignments")]
@@ -397,8 +422,7 @@ def test_kill9_during_apply_then_the_retry_applies_the_same_plan_once(stack):
 def test_full_disk_stops_the_job_with_a_clear_error_and_it_resumes_without_loss(stack):
     if not stack.mounted:
         pytest.skip("needs root to mount a size-limited tmpfs under the data folder")
-    if stack.job is None or not stack.job.alive():
-        pytest.skip("needs the running job of the kill -9 test")
+    stack.ready()
     t0 = time.monotonic()
     ballast = stack.data / "ballast"
     free = os.statvfs(stack.data)
@@ -413,7 +437,7 @@ def test_full_disk_stops_the_job_with_a_clear_error_and_it_resumes_without_loss(
     # a new batch arrives (space for exactly its file and commit, then the disk is full)
     events_dir = stack.writer.path
     os.truncate(ballast, max(0, ballast.stat().st_size - (256 << 10)))
-    stack.writer.append(9)
+    stack.send(1)
     with open(ballast, "ab") as fh:
         try:
             fh.write(b"\0" * (1 << 20))
@@ -440,7 +464,7 @@ def test_full_disk_stops_the_job_with_a_clear_error_and_it_resumes_without_loss(
     stopped_after = time.monotonic() - t0
 
     # space is back: restart, catch up, count exactly
-    stack.writer.append(10)
+    stack.send(1)
     job = stack.start_job()
     restart = time.monotonic()
     stack.wait("every event counted after the disk had space again", stack.caught_up,
@@ -461,12 +485,14 @@ EMPTY_RUN = "manual__job-down-no-windows"
 STORED_RUN = "manual__job-down-stored-windows"
 
 
-def _runs_with_the_job_down(stack: Stack) -> dict[str, str]:
-    """Kill the job, then run the DAG's steps for two runs in one child process: one whose
-    data interval has no windows (what a scheduled run meets while the job is down) and one
-    whose interval holds windows the job stored before it went down."""
-    if "job_down" in stack.figures:
-        return stack.figures["job_down"]
+@pytest.fixture(scope="module")
+def job_down(stack) -> dict[str, str]:
+    """With windows stored, kill the job, then run the DAG's steps for two runs in one
+    child process: one whose data interval has no windows (what a scheduled run meets while
+    the job is down) and one whose interval holds windows the job stored before it went
+    down."""
+    if not stack.stored():
+        stack.ready()
     if stack.job is not None and stack.job.alive():
         stack.job.kill9()
     before = len(delta_commits(stack.tables / "assignments"))
@@ -493,22 +519,16 @@ def _runs_with_the_job_down(stack: Stack) -> dict[str, str]:
     return results
 
 
-def test_a_run_while_the_job_is_down_and_wrote_no_windows_skips_with_the_reason(stack):
-    if not stack.tables.joinpath("assignments").exists():
-        pytest.skip("needs the tables of the earlier tests")
-    results = _runs_with_the_job_down(stack)
-    outcome = results[EMPTY_RUN]
+def test_a_run_while_the_job_is_down_and_wrote_no_windows_skips_with_the_reason(job_down):
+    outcome = job_down[EMPTY_RUN]
     assert outcome.startswith("RunSkipped "), outcome
     assert "window" in outcome, outcome  # the reason names the missing windows
 
 
-def test_a_run_while_the_job_is_down_applies_nothing_even_with_stored_windows(stack):
-    if not stack.tables.joinpath("assignments").exists():
-        pytest.skip("needs the tables of the earlier tests")
-    results = _runs_with_the_job_down(stack)
-    outcome = results[STORED_RUN]
+def test_a_run_while_the_job_is_down_applies_nothing_even_with_stored_windows(job_down):
+    outcome = job_down[STORED_RUN]
     assert outcome.startswith("RunSkipped ") and "job" in outcome, outcome
-    assert results["new_assignment_versions"] == 0, results
+    assert job_down["new_assignment_versions"] == 0, job_down
 
 
 def test_two_manual_runs_at_once_apply_exactly_one_plan(stack):
@@ -522,8 +542,8 @@ def test_two_manual_runs_at_once_apply_exactly_one_plan(stack):
     retries it (``CONFLICT_RETRIES``), and the run goes on to be refused at apply. A
     conflict left after the retries fails the task, as Airflow's task retry would see it.
     """
-    if not stack.tables.joinpath("assignments").exists():
-        pytest.skip("needs the tables of the earlier tests")
+    if not stack.stored():  # windows to plan from (the job need not run: liveness widened)
+        stack.ready()
     before = len(delta_commits(stack.tables / "assignments"))
     runs = [f"manual__faults-concurrent-{i}" for i in (1, 2)]
     children = [Proc([sys.executable, "-c", RUNS_CHILD,

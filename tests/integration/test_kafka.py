@@ -1,8 +1,9 @@
 """The keyed job reading a real Kafka broker: exactly once across kill -9, dedup of retries.
 
-The module starts its own single-node KRaft broker (``rebalance.kafka.Broker``, the JARs
-``make setup`` put in ``.jars/kafka-broker``) on a free port of 127.0.0.1 in a temporary
-folder, and stops it at the end (nothing of it is left running).
+The broker is the test session's single-node KRaft broker (``kafka_broker`` in
+tests/conftest.py: ``rebalance.kafka.Broker``, the JARs ``make setup`` put in
+``.jars/kafka-broker``, on free ports of 127.0.0.1, stopped at the end); this module's
+topic is its own.
 
 * ``test_kafka_exactly_once_across_two_kill9``: the generator produces 6 batches to a
   topic, with a tenth of the events sent twice (a producer's retries) and 5 % malformed;
@@ -33,7 +34,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from service_helpers import running_broker
 
 
 class Proc:
@@ -86,12 +86,6 @@ GEN = dict(n_keys=20, zipf=1.0, events_per_batch=200, batch_seconds=10.0, n_inst
            malformed_fraction=0.05, seed=11)
 BATCHES = range(6)
 DUPLICATES = 0.1
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with running_broker(tmp_path_factory.mktemp("kafka")) as b:
-        yield b
 
 
 def _sent(gen, batches, duplicates: float) -> pd.DataFrame:
@@ -197,17 +191,18 @@ def _check(spark, root: str, sent: pd.DataFrame) -> None:
 
 
 @pytest.mark.slow
-def test_kafka_exactly_once_across_two_kill9(spark, broker, tmp_path):
+def test_kafka_exactly_once_across_two_kill9(spark, kafka_broker, tmp_path):
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, produce_batches
 
     gen = EventGenerator(GeneratorConfig(**GEN))
-    produce_batches(spark, gen, BATCHES, broker.bootstrap, "events", DUPLICATES)
+    broker, topic = kafka_broker, "kill9-events"
+    produce_batches(spark, gen, BATCHES, broker.bootstrap, topic, DUPLICATES)
     sent = _sent(gen, BATCHES, DUPLICATES)
     assert (sent.event_id.duplicated().sum()) > 50
 
     root, ckpt = tmp_path / "tables", tmp_path / "checkpoints"
     argv = [sys.executable, str(REPO / "spark_apps" / "keyed_job.py"), "--source", "kafka",
-            "--bootstrap-servers", broker.bootstrap, "--topic", "events",
+            "--bootstrap-servers", broker.bootstrap, "--topic", topic,
             "--instances", str(N), "--window-seconds", "10", "--windows", "2",
             "--watermark-seconds", "30", "--max-offsets-per-trigger", "400", "--name", "kt",
             "--tables-root", str(root), "--checkpoint-root", str(ckpt), "--master", "local[2]"]

@@ -1,9 +1,9 @@
 """Controlled restarts of the restartable job reading a real Kafka broker, exactly once.
 
-The module starts its own single-node KRaft broker (``rebalance.kafka.Broker``) on a free
-port of 127.0.0.1 in a temporary folder and stops it at the end (both ports closed). One
-scenario, while a feeder thread keeps producing generator batches to the topic (2
-partitions):
+The broker is the test session's single-node KRaft broker (``kafka_broker`` in
+tests/conftest.py); each scenario has a topic of its own. One scenario (the module's
+``scenario`` fixture, checked by two tests), while a feeder thread keeps producing
+generator batches to the topic (2 partitions):
 
 1. generation 0 (N = 2) reads the topic from its earliest offsets;
 2. a plan moving a quarter of the keys, same N: the checkpoint stays, so its Kafka
@@ -28,11 +28,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from restart_helpers import Feeder, crash_and_recover, drain, publish_moving_plan, wait_commits
-from service_helpers import running_broker
 
 pytestmark = pytest.mark.slow
 
-TOPIC = "events"
+TOPIC = "restart-events"
 W_MS = 10_000
 T0_MS = 1_704_067_200_000
 # A generator batch spans 5 s of event time and the watermark lags 10 s: a micro-batch that
@@ -40,12 +39,6 @@ T0_MS = 1_704_067_200_000
 # rest of it late, so every valid event counts (the oracle needs no watermark model).
 GEN = dict(n_keys=30, zipf=0.8, events_per_batch=150, batch_seconds=5.0, n_instances=2,
            malformed_fraction=0.02, seed=13)
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with running_broker(tmp_path_factory.mktemp("kafka")) as b:
-        yield b
 
 
 def _expected(gen, batches) -> pd.DataFrame:
@@ -89,11 +82,14 @@ def _table(spark, table, root) -> pd.DataFrame:
     return df
 
 
-def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path):
+@pytest.fixture(scope="module")
+def scenario(spark, kafka_broker, tmp_path_factory) -> dict:
+    """The restarts of the module docstring, run once; what the tests check."""
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, produce_batches
     from rebalance.streaming.restart import RestartableJob, request_restart
 
+    broker, tmp_path = kafka_broker, tmp_path_factory.mktemp("krestart")
     config = _config(tmp_path, broker, "krestart", TOPIC)
     root = config.tables_root
     gen = EventGenerator(GeneratorConfig(**GEN))
@@ -133,8 +129,26 @@ def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path
     drain(job)
     job.stop()
 
-    assert p1["moved"] >= 0.1 and p2["moved"] >= 0.1
     statuses = [job.control.status(r) for r in requests]
+    return dict(p1=p1, p2=p2, statuses=statuses, during=during, generations=generations,
+                expected=_expected(gen, range(feeder.next)),
+                res=_table(spark, tables.RESULTS, root),
+                kh=_table(spark, tables.KEY_HISTOGRAMS, root),
+                ih=_table(spark, tables.INSTANCE_HISTOGRAMS, root))
+
+
+def _across(scenario) -> set:
+    """The windows open at the same-N restart's export batch (rows on both sides of it)."""
+    g1 = scenario["generations"][1]
+    export = g1.batch_offset + g1.start_batch - 1
+    res, kh = scenario["res"], scenario["kh"]
+    return set(res[res.batch_id <= export].window) & set(kh[kh.batch_id >= export].window)
+
+
+def test_restarts_resume_from_kafka_offsets_exactly_once(scenario):
+    p1, p2, statuses = scenario["p1"], scenario["p2"], scenario["statuses"]
+    during, generations = scenario["during"], scenario["generations"]
+    assert p1["moved"] >= 0.1 and p2["moved"] >= 0.1
     assert [s["state"] for s in statuses] == ["acknowledged", "acknowledged"], statuses
     assert statuses[0]["steps"] == ["requested", "started", "acknowledged"]
     assert statuses[1]["steps"] == ["requested", "stopped", "state_written", "started",
@@ -159,8 +173,7 @@ def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path
     assert json.loads(Path(g2.checkpoint, "offsets", "0").read_text().splitlines()[2])
 
     # Exactly once: every valid event produced counts once in the results.
-    expected = _expected(gen, range(feeder.next))
-    res = _table(spark, tables.RESULTS, root)
+    expected, res = scenario["expected"], scenario["res"]
     assert not res.duplicated(["batch_id", "key", "window", "instance"]).any()
     pd.testing.assert_series_equal(
         res.groupby(["key", "window"])["events"].sum().sort_index(),
@@ -170,18 +183,12 @@ def test_restarts_resume_from_kafka_offsets_exactly_once(spark, broker, tmp_path
     # Closed windows: key and instance histograms equal the events of the window, except
     # (checked by test_histograms_across_the_same_n_handoff) the windows open at the same-N
     # restart's export batch.
-    kh = _table(spark, tables.KEY_HISTOGRAMS, root)
-    ih = _table(spark, tables.INSTANCE_HISTOGRAMS, root)
+    kh, ih = scenario["kh"], scenario["ih"]
     assert not ih.duplicated(["window", "instance"]).any()
-    export = g1.batch_offset + g1.start_batch - 1
-    across = set(res[res.batch_id <= export].window) & set(kh[kh.batch_id >= export].window)
-    HANDOFF.update(expected=expected, kh=kh, ih=ih, across=across)
+    across = _across(scenario)
     closed = sorted(set(kh.window) - across)
     assert len([w for w in closed if w > max(across, default=0)]) >= 3, (closed, across)
     _check_histograms(expected, kh, ih, closed)
-
-
-HANDOFF: dict = {}
 
 
 def _check_histograms(expected, kh, ih, windows) -> None:
@@ -195,12 +202,10 @@ def _check_histograms(expected, kh, ih, windows) -> None:
                                    check_names=False)
 
 
-def test_histograms_across_the_same_n_handoff():
-    if not HANDOFF:
-        pytest.skip("the restart scenario did not run")
-    assert HANDOFF["across"], "no window was open at the export batch"
-    _check_histograms(HANDOFF["expected"], HANDOFF["kh"], HANDOFF["ih"],
-                      sorted(HANDOFF["across"]))
+def test_histograms_across_the_same_n_handoff(scenario):
+    across = _across(scenario)
+    assert across, "no window was open at the export batch"
+    _check_histograms(scenario["expected"], scenario["kh"], scenario["ih"], sorted(across))
 
 
 def _grow_topic(spark, bootstrap: str, topic: str, partitions: int) -> None:
@@ -216,7 +221,7 @@ def _grow_topic(spark, bootstrap: str, topic: str, partitions: int) -> None:
 
 
 def test_a_partition_added_while_the_job_is_stopped_is_read_from_its_start(
-        spark, broker, tmp_path):
+        spark, kafka_broker, tmp_path):
     """A scale out whose driver dies after the old generation stopped; before a new driver
     comes, the topic grows from 2 to 3 partitions and events are produced to the new one.
     The new checkpoint starts at the old one's offsets for partitions 0 and 1 and at the
@@ -229,7 +234,7 @@ def test_a_partition_added_while_the_job_is_stopped_is_read_from_its_start(
     from rebalance.streaming.job import kafka_partitions
     from rebalance.streaming.restart import RestartableJob, SimulatedCrash, request_restart
 
-    topic = "events-grow"
+    broker, topic = kafka_broker, "grow-events"
     config = _config(tmp_path, broker, "kgrow", topic)
     root = config.tables_root
     gen = EventGenerator(GeneratorConfig(**GEN))
