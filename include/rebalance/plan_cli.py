@@ -96,11 +96,33 @@ def _check_args(args: argparse.Namespace):
     if b is not None and not (math.isfinite(b) and b >= 0):
         raise UserError(f"--migration-budget must be a number >= 0, got {b}")
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
-        raise UserError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a directory")
-    check_out_dir(out)
+        raise UserError(f"--time-limit must be a finite number > 0 (seconds), "
+                        f"got {args.time_limit}")
+    check_plan_out(args.out)
+
+
+def check_plan_out(text: str) -> None:
+    """Refuse an ``--out`` that cannot be replaced as a whole, before any work.
+
+    The plan is written into a fresh sibling folder that then takes DIR's place
+    (:func:`write_plan`): so DIR's parent must be writable, and an existing DIR's
+    plan.json and assignment.parquet must be regular files (an earlier plan).
+    """
+    from .cli import UserError
+
+    if not text or not text.strip():
+        raise UserError("--out is empty: name the folder for plan.json and assignment.parquet")
+    out = Path(os.path.abspath(text))
+    if out == out.parent:
+        raise UserError(f"--out {text} is the file system's root")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UserError(f"--out {text} exists and is not a directory")
+    for name in (PLAN_FILE, ASSIGNMENT_FILE):
+        entry = out / name
+        if entry.is_symlink() or (entry.exists() and not entry.is_file()):
+            raise UserError(f"--out {text}: {entry} is not a regular file, so it is no "
+                            "earlier plan `rebalance plan` may replace")
+    check_out_dir(out if not out.exists() else out.parent)
 
 
 def check_out_dir(out: Path) -> None:
@@ -264,11 +286,15 @@ def _assignment_table(keys, plan):
 def write_plan(out: Path, document: dict, table, timings: dict | None = None) -> None:
     """Write plan.json and assignment.parquet so that no reader ever sees half a plan.
 
-    A new DIR is built as a sibling temporary directory and renamed into place. An
-    existing DIR gets both files under temporary names first, then the assignment and
-    finally plan.json are renamed over the old ones (plan.json names the assignment's
-    row count and digest, so a pair can always be checked). ``timings`` go into
-    plan.json as ``timings``, with ``write_seconds`` (the assignment file and its digest).
+    Both files are written into a fresh sibling folder ``.DIR.tmp-*`` (with hard links to
+    whatever else an existing DIR holds, so other files stay), which then takes DIR's
+    place: renamed to DIR when DIR is new, else swapped with it in one atomic
+    ``renameat2(RENAME_EXCHANGE)`` (where the file system lacks it: DIR renamed aside,
+    the new folder renamed in, the old one restored if that fails). So a refusal, a
+    crash or a signal leaves DIR as it was or holding the new plan, never a new
+    assignment next to an old plan.json, and the temporary folder is removed (SIGTERM
+    runs this cleanup as Ctrl-C does: :class:`rebalance.cli.Terminated`). ``timings`` go
+    into plan.json as ``timings``, with ``write_seconds``.
     """
     import hashlib
     import json
@@ -276,10 +302,12 @@ def write_plan(out: Path, document: dict, table, timings: dict | None = None) ->
     import pyarrow.parquet as pq
 
     t0 = time.perf_counter()
-    out = Path(out)
-    parent = out.parent if str(out.parent) else Path(".")
+    out = Path(os.path.abspath(out))
+    parent = out.parent
     parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    with _signals_held():  # the folder exists only once the cleanup below owns it
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    aside = None
     try:
         pq.write_table(table, staging / ASSIGNMENT_FILE)
         digest = hashlib.sha256((staging / ASSIGNMENT_FILE).read_bytes()).hexdigest()
@@ -291,25 +319,93 @@ def write_plan(out: Path, document: dict, table, timings: dict | None = None) ->
         with open(staging / PLAN_FILE, "w", encoding="utf-8") as fh:
             json.dump(document, fh, indent=2, sort_keys=False, allow_nan=False)
             fh.write("\n")
-        if not out.exists():
+            fh.flush()
+            os.fsync(fh.fileno())
+        with _signals_held():
+            if not out.exists():
+                try:
+                    os.rename(staging, out)
+                    return
+                except OSError:
+                    if not out.is_dir():
+                        raise
+            _carry_over(out, staging)
+            if _exchange(staging, out):
+                return  # staging now holds the old plan: removed below
+            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+            os.rename(out, aside)  # replaces the empty ``aside``
             try:
                 os.rename(staging, out)
-                return
             except OSError:
-                if not out.is_dir():
-                    raise
-        # DIR exists: stage both files inside it, then rename over the old ones.
-        tmp_a = out / f".{ASSIGNMENT_FILE}.tmp-{os.getpid()}"
-        tmp_p = out / f".{PLAN_FILE}.tmp-{os.getpid()}"
-        try:
-            shutil.copyfile(staging / ASSIGNMENT_FILE, tmp_a)
-            shutil.copyfile(staging / PLAN_FILE, tmp_p)
-            os.replace(tmp_a, out / ASSIGNMENT_FILE)
-            os.replace(tmp_p, out / PLAN_FILE)
-        finally:
-            for t in (tmp_a, tmp_p):
-                if t.exists():
-                    t.unlink()
+                os.rename(aside, out)
+                aside = None
+                raise
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        with _signals_held():
+            for folder in (staging, aside):
+                if folder is not None and folder.exists():
+                    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """Hard-link (copy where links fail) every entry of ``old`` but the plan's two files
+    into ``new``: files a user keeps next to a plan survive its replacement."""
+    for entry in old.iterdir():
+        if entry.name in (PLAN_FILE, ASSIGNMENT_FILE):
+            continue
+        target = new / entry.name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, target, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(entry, target)
+
+
+def _link_or_copy(src, dst) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    C library or the file system lacks it (then nothing happened)."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+class _signals_held:
+    """Hold SIGINT and SIGTERM (delivered when the block ends) in the main thread, so
+    that a folder is never created or swapped without its cleanup owning it."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self._held = threading.current_thread() is threading.main_thread()
+        if self._held:
+            self._mask = signal.pthread_sigmask(signal.SIG_BLOCK,
+                                                {signal.SIGINT, signal.SIGTERM})
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self._held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+        return False

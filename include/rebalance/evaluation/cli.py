@@ -37,6 +37,8 @@ EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb", 
 #: ``--intervals`` (each interval is a whole plan of every planner).
 MAX_SCALE_KEYS = 50_000_000
 MAX_INTERVALS = 100_000
+#: Largest ``--seed``: it also seeds the solvers, whose seeds are C ints.
+MAX_SEED = 2 ** 31 - 1
 TABLE_COLUMNS = ("planner", "imbalance_before", "imbalance_after", "imbalance_next",
                  "migration_fraction", "migration_per_rebalance", "moved_keys", "table_size",
                  "plan_seconds", "lower_bound_fraction", "gap")
@@ -82,7 +84,10 @@ def _check(args) -> None:
     if args.intervals is not None and args.intervals < 2:
         raise UserError(f"--intervals must be >= 2, got {args.intervals}")
     if args.time_limit is not None and not (math.isfinite(args.time_limit) and args.time_limit > 0):
-        raise UserError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+        raise UserError(f"--time-limit must be a finite number > 0 (seconds), "
+                        f"got {args.time_limit}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UserError(f"--seed must be within [0, {MAX_SEED}], got {args.seed}")
     if args.theta is not None and not (math.isfinite(args.theta) and args.theta > 0):
         raise UserError(f"--theta must be a number > 0, got {args.theta}")
     if args.intervals is not None and args.intervals > MAX_INTERVALS:
@@ -107,10 +112,36 @@ def _check(args) -> None:
                 from None
         if min(keys) < 1 or max(keys) > MAX_SCALE_KEYS:
             raise UserError(f"--keys must be within [1, {MAX_SCALE_KEYS}], got {args.keys!r}")
+        if args.planners is not None:
+            from ..methods import METHODS
+
+            names = [m.strip() for m in args.planners.split(",")]
+            unknown = [m for m in names if m not in METHODS]
+            if unknown or not names:
+                raise UserError(f"unknown planner {(unknown or [''])[0]!r} for --experiment "
+                                f"scale (it runs `rebalance plan --method`); choose from "
+                                f"{', '.join(METHODS)}")
+        if args.workdir is not None:
+            from ..plan_cli import check_out_dir
+
+            workdir = Path(args.workdir)
+            if not args.workdir or (workdir.exists() and not workdir.is_dir()):
+                raise UserError(f"--workdir {args.workdir!r} is not a directory")
+            check_out_dir(workdir)
+    elif args.planners is not None:
+        from ..model import PlanningError
+        from .runner import parse_planners
+
+        try:
+            parse_planners(args.planners)
+        except PlanningError as exc:
+            raise UserError(f"--planners: {exc}") from None
     if args.runs < 1:
         raise UserError(f"--runs must be >= 1, got {args.runs}")
     from ..plan_cli import check_out_dir
 
+    if not args.out:
+        raise UserError("--out is empty: name the folder for the results")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
@@ -156,8 +187,18 @@ def _fmt(value) -> str:
 
 def run_bench(args) -> int:
     _check(args)
-    if args.experiment == "scale":
-        return run_scale_bench(args)
+    out = Path(args.out)
+    created = not out.exists()
+    try:
+        if args.experiment == "scale":
+            return run_scale_bench(args)
+        return _run_experiment(args)
+    finally:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a run that wrote nothing leaves no empty --out behind
+
+
+def _run_experiment(args) -> int:
     from tqdm import tqdm
 
     from .experiments import Settings, build, run, summarise, total_steps

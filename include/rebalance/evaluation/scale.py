@@ -168,7 +168,21 @@ def run_scale(workdir: Path, keys: Sequence[int] = SCALE_KEYS,
               methods: Sequence[str] = SCALE_METHODS,
               placements: Sequence[str] = SCALE_PLACEMENTS, runs: int = 3,
               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Every (K, placement, method), ``runs`` times each (the first run is cold)."""
+    """Every (K, placement, method), ``runs`` times each (the first run is cold).
+
+    Unknown methods or placements and a ``workdir`` that is a file are refused
+    (``ValueError``) before any input is generated: an unknown method would otherwise
+    give a row of NaN per run."""
+    from ..methods import METHODS
+
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    if any(p not in SCALE_PLACEMENTS for p in placements):
+        raise ValueError(f"placements must be among {', '.join(SCALE_PLACEMENTS)}, "
+                         f"got {list(placements)}")
+    if Path(workdir).exists() and not Path(workdir).is_dir():
+        raise ValueError(f"workdir {workdir} is not a directory")
     rows = []
     for k in keys:
         t0 = time.perf_counter()
