@@ -70,6 +70,11 @@ class Problem:
     beyond the current maximum are new, empty instances (scale-out).
     ``load_series`` (W x K) is the per-window load, needed by CLB only.
     ``key_group`` is the key group of each key (seed 001 substreams).
+    ``scenarios`` (S x K, None: the single ``load``) are load scenarios that every
+    instance must keep within the bound, each against its own mean (seed 001's robust
+    view over m windows; :mod:`rebalance.forecast`): planners that support them (mixed,
+    greedy, milp, auto) plan for all at once, and :func:`evaluate` reports the worst
+    scenario's imbalance.
     """
 
     keys: np.ndarray
@@ -81,6 +86,7 @@ class Problem:
     drain: frozenset[int] = frozenset()
     load_series: np.ndarray | None = None
     key_group: np.ndarray | None = None
+    scenarios: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = self.n_instances
@@ -141,6 +147,17 @@ class Problem:
             if len(kg) != k:
                 raise PlanningError(f"key_group has {len(kg)} values for {k} keys")
             object.__setattr__(self, "key_group", kg)
+        if self.scenarios is not None:
+            sc = np.asarray(self.scenarios, dtype=np.float64)
+            if sc.ndim != 2 or sc.shape[1] != k or sc.shape[0] < 1:
+                raise PlanningError(f"scenarios must have shape (S >= 1, {k}), got {sc.shape}")
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(sc) | (sc < 0)
+            if bad.any():
+                s_i, k_i = (int(v[0]) for v in np.nonzero(bad))
+                raise PlanningError(f"scenarios must be finite and >= 0: key {keys[k_i]!r} has "
+                                    f"{float(sc[s_i, k_i])!r} in scenario {s_i}")
+            object.__setattr__(self, "scenarios", sc)
         if k > 1 and not _strictly_increasing(keys) and len(set(keys.tolist())) != k:
             raise PlanningError("keys must be unique")
 
@@ -160,6 +177,19 @@ class Problem:
         a = np.asarray(assignment)
         inside = (a >= 0) & (a < self.n_instances)
         return np.bincount(a[inside], weights=self.load[inside], minlength=self.n_instances)
+
+    def scenario_imbalance(self, assignment: np.ndarray) -> float:
+        """Worst imbalance over the scenarios (the load's when there are none)."""
+        a = np.asarray(assignment, dtype=np.int64)
+        active = self.active
+        rows = self.scenarios if self.scenarios is not None else self.load[None, :]
+        inside = (a >= 0) & (a < self.n_instances)
+        worst = 1.0
+        for row in rows:
+            loads = np.bincount(a[inside], weights=row[inside], minlength=self.n_instances)
+            if row.sum() > 0:
+                worst = max(worst, imbalance(loads, active))
+        return worst
 
     def mean_load(self) -> float:
         return float(self.load.sum()) / int(self.active.sum())
@@ -290,12 +320,20 @@ def evaluate(problem: Problem, assignment: np.ndarray) -> Metrics:
     mean = total / int(active.sum()) if total > 0 else 0.0
     imb_before = float(cur_loads.max()) / mean if total > 0 else 1.0
     after_loads = problem.instance_loads(a)
+    imb_after = imbalance(after_loads, active) if total > 0 else 1.0
+    if problem.scenarios is not None:
+        # robust planning: the plan is judged on its worst scenario
+        cur = np.minimum(problem.current, problem.n_instances - 1)
+        gone = problem.current >= problem.n_instances
+        before = problem.scenario_imbalance(cur) if not gone.any() else imb_before
+        imb_before = max(imb_before, before)
+        imb_after = max(imb_after, problem.scenario_imbalance(a))
     moved = a != problem.current
     mig = float(problem.state[moved].sum())
     total_state = float(problem.state.sum())
     return Metrics(
         imbalance_before=imb_before,
-        imbalance_after=imbalance(after_loads, active) if total > 0 else 1.0,
+        imbalance_after=imb_after,
         max_load_after=float(after_loads.max()) if len(after_loads) else 0.0,
         mean_load=mean,
         migration_bytes=mig,

@@ -109,6 +109,10 @@ class AutoPlanner(Planner):
         from .llfd import MixedPlanner
 
         t0 = time.perf_counter()
+        if problem.scenarios is not None:
+            from .robust import robust_proposal
+
+            return robust_proposal(problem, params, "llfd")
         if problem.n_keys > MILP_MAX_KEYS:
             # No polish possible: skip evaluating Mixed's plan here (the lower bound alone
             # takes ~0.35 s at 10^6 keys); finish_plan evaluates auto's plan once.

@@ -163,6 +163,10 @@ class GreedyPlanner(Planner):
     name = "greedy"
 
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
+        if problem.scenarios is not None:
+            from .robust import robust_proposal
+
+            return robust_proposal(problem, params, "greedy")
         a = problem.current.copy()
         max_load = problem.max_load(params.theta)
         to_default, to_least, _ = place_forced(problem, a, max_load)

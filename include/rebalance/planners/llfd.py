@@ -408,6 +408,10 @@ class MixedPlanner(_LlfdPlanner):
     name = "mixed"
 
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
+        if problem.scenarios is not None:
+            from .robust import robust_proposal
+
+            return robust_proposal(problem, params, "llfd")
         bound, notes = packing_bound(problem, params.theta)
         ck = self._compact(problem, params, Psi.GAMMA)
         a_max = params.max_table
