@@ -77,8 +77,18 @@ class Settings:
     trigger_seconds: int = 10
     generator_keys: int = 200
     events_per_second: int = 200
+    #: The generator appends one batch of events this often (seconds of event time each).
+    batch_seconds: int = 10
     #: The generator re-skews the load (seed 003's fluctuation) every this many seconds.
     fluctuation_seconds: int = 600
+    #: How often the job reads the ``restarts`` table for controlled restart requests.
+    restart_poll_seconds: float = 10.0
+    #: How long a run's ``windows`` task waits for its interval's last windows (the job
+    #: writes a window once its watermark passed it).
+    windows_wait_seconds: float = 90.0
+    #: Airflow settings for the Airflow processes (``AIRFLOW__SECTION__KEY`` -> value),
+    #: over the service's own (tests shorten Airflow's heartbeat timeouts with it).
+    airflow_settings: dict[str, str] = field(default_factory=dict)
     #: Events from the Delta table or a Kafka topic (and a broker in <data>/kafka).
     source: str | None = None
     kafka_port: int = int(os.environ.get("REBALANCE_KAFKA_PORT", "9092"))
@@ -179,9 +189,13 @@ def airflow_env(s: Settings) -> dict[str, str]:
         "REBALANCE_SPARK_REMOTE": s.connect_url,
         # A scheduled run starts as its interval ends; the job writes the interval's last
         # windows once its watermark passed them.
-        "REBALANCE_WINDOWS_WAIT_SECONDS": "90",
+        "REBALANCE_WINDOWS_WAIT_SECONDS": f"{s.windows_wait_seconds:g}",
         "REBALANCE_JOB_NAME": job_name(s),
     })
+    bad = [k for k in s.airflow_settings if not k.startswith("AIRFLOW__")]
+    if bad:
+        raise ServiceError(f"airflow_settings: {bad[0]!r} is not an AIRFLOW__SECTION__KEY name")
+    env.update({k: str(v) for k, v in s.airflow_settings.items()})
     return env
 
 
@@ -199,7 +213,7 @@ def components(s: Settings) -> list[Component]:
     connect = _connect_server(s, env)
     aenv = airflow_env(s)
     genv = {**env, "REBALANCE_SPARK_REMOTE": s.connect_url}
-    batch_seconds = 10
+    batch_seconds = s.batch_seconds
     kafka = s.events_source == "kafka"
     sink = ["--bootstrap-servers", s.bootstrap, "--topic", s.topic]
     broker = [Component("kafka", [py, "-m", "rebalance.cli", "kafka", "run",
@@ -228,7 +242,8 @@ def components(s: Settings) -> list[Component]:
                           "--window-seconds", str(s.window_seconds),
                           "--watermark-seconds", str(s.window_seconds // 2),
                           "--windows", "3", "--trigger-seconds", str(s.trigger_seconds),
-                          "--poll-seconds", "10", "--master", "local[2]", "--name", job_name(s),
+                          "--poll-seconds", f"{s.restart_poll_seconds:g}", "--master", "local[2]",
+                          "--name", job_name(s),
                           *(["--source", "kafka", *sink] if kafka else [])],
                   env, ready_line="running", stop_signal=signal.SIGINT),
     ]
@@ -461,10 +476,18 @@ class Service:
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     # --------------------------------------------------------------------- down
-    def down(self) -> list[str]:
-        """Stop every recorded process (reverse start order); return the names stopped."""
+    def down(self, only: list[str] | None = None) -> list[str]:
+        """Stop every recorded process (reverse start order), or the components named in
+        ``only`` (``up`` starts them again, e.g. with other settings); return the names
+        stopped."""
+        parts = self.parts(self.s)
+        unknown = sorted(set(only or ()) - {c.name for c in parts})
+        if unknown:
+            raise ServiceError(f"no component named {unknown[0]!r}")
         stopped = []
-        for comp in reversed(self.parts(self.s)):
+        for comp in reversed(parts):
+            if only is not None and comp.name not in only:
+                continue
             path = self.record_path(comp.name)
             rec = Record.load(path)
             if rec is None:
