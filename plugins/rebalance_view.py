@@ -3,14 +3,17 @@
 Read-only pages for a newcomer and an auditor alike, shown as the **Rebalance** tab of
 every DAG page and in the navigation:
 
-* ``/rebalance/``: instance loads over recent windows (chart), the plan history (status,
-  method, imbalance before / predicted / realised, migration, moved keys, table size,
-  lower bound, link to the DAG run), assignment versions with the live one marked;
-* ``/rebalance/plans/{plan_id}``: loads before and after per instance (chart), moved keys
-  with their state bytes, every validation expectation with its result, the
-  verification, and the Delta commits behind the plan;
+* ``/rebalance/``: realised imbalance of recent windows against ``1 + theta`` with every
+  plan's verify result (chart), instance loads over recent windows (chart), the plan
+  history (status, method, imbalance before / predicted / backtested / realised, theta
+  and theta_plan, migration, moved keys, table size, lower bound, link to the DAG run),
+  assignment versions with the live one marked;
+* ``/rebalance/plans/{plan_id}``: predicted, backtested and realised imbalance side by
+  side with ``1 + theta`` and ``1 + theta_plan``, the load model and why, loads before
+  and after per instance (chart), moved keys with their state bytes, every validation
+  expectation with its result, the verification, and the Delta commits behind the plan;
 * JSON for scripts: ``/rebalance/api/plans``, ``/rebalance/api/plans/{plan_id}``,
-  ``/rebalance/api/assignments``, ``/rebalance/api/loads``.
+  ``/rebalance/api/assignments``, ``/rebalance/api/loads``, ``/rebalance/api/imbalance``.
 
 Every endpoint requires an authenticated Airflow user allowed to read the ``rebalance``
 DAG (anonymous: 401, or a redirect to the login page for pages). The only action,
@@ -83,6 +86,13 @@ def api_loads(windows: int = 30) -> JSONResponse:
     return JSONResponse(views.instance_loads(_spark(), windows=windows))
 
 
+@app.get("/api/imbalance")
+def api_imbalance(windows: int = 60) -> JSONResponse:
+    from rebalance import views
+
+    return JSONResponse(views.realised_imbalance(_spark(), windows=windows))
+
+
 # --------------------------------------------------------------------------------- pages
 @app.get("/", response_class=HTMLResponse)
 def index(request: Request, triggered: str | None = None, error: str | None = None) -> str:
@@ -90,6 +100,7 @@ def index(request: Request, triggered: str | None = None, error: str | None = No
 
     spark = _spark()
     loads = views.instance_loads(spark, windows=30)
+    realised = views.realised_imbalance(spark, windows=60)
     history = views.plans(spark, limit=100)
     versions = views.assignments(spark)
     notice = ""
@@ -107,6 +118,7 @@ def index(request: Request, triggered: str | None = None, error: str | None = No
         f'<p>{head}. {len(history)} plan(s). '
         f'<a href="/dags/{DAG_ID}" target="_top">DAG {DAG_ID}</a> · '
         f'<a href="{PREFIX}/api/plans">JSON</a></p>',
+        "<h2>Realised imbalance against 1 + theta</h2>", _imbalance_chart(realised),
         "<h2>Instance loads, recent windows</h2>", _loads_chart(loads),
         "<h2>Plans</h2>", _plans_table(history),
         "<h2>Assignment versions</h2>", _versions_table(versions),
@@ -128,9 +140,7 @@ def plan_page(plan_id: str) -> str:
                ("run", _run_link(p["dag_id"], p["run_id"])), ("run type", _e(p["run_type"])),
                ("apply mode", _e(p["apply_mode"])),
                ("data interval", f'{_e(p["data_interval_start"])} – {_e(p["data_interval_end"])}'),
-               ("imbalance before → predicted → realised",
-                f'{_f(p["imbalance_before"])} → {_f(p["predicted_imbalance"])} → '
-                f'{_f(p["realised_imbalance"])}'),
+               ("load model", _e(p["load_model"] or "–")),
                ("migration", f'{_pct(p["migration_fraction"])} of state, '
                              f'{_n(p["migration_bytes"])} bytes, {_n(p["moved_keys"])} keys'),
                ("lower bound on migration", f'{_pct(p["lower_bound_migration_fraction"])}'),
@@ -145,6 +155,7 @@ def plan_page(plan_id: str) -> str:
         f"<h1>Plan <code>{_e(plan_id)}</code></h1>",
         "<table class='kv'>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in summary)
         + "</table>",
+        "<h2>Imbalance: predicted, backtested, realised</h2>", _imbalance_table(p),
         "<h2>Instance loads before and after</h2>", _bars_chart(p["instance_loads"]),
         _moved_section(p["moved"], plan_id),
         f"<h2>Validation (Great Expectations): {v.get('evaluated_expectations', '?')} "
@@ -282,14 +293,64 @@ def _table(header: list[str], rows: list[list[Any]], css_id: str) -> str:
 def _plans_table(history: list[dict[str, Any]]) -> str:
     rows = [[f'<a href="{PREFIX}/plans/{quote(p["plan_id"])}"><code>{_e(p["plan_id"][:12])}</code></a>',
              _status(p["status"]), _e(p["method"]), _e((p["created_at"] or "")[:19]),
-             _f(p["imbalance_before"]), _f(p["predicted_imbalance"]), _f(p["realised_imbalance"]),
+             _f(p["imbalance_before"]), _f(p["predicted_imbalance"]),
+             _f(p["backtested_imbalance"]), _within(p["realised_imbalance"], p["theta"]),
+             _theta(p["theta"]), _theta(p["theta_plan"]),
              _pct(p["migration_fraction"]), _n(p["moved_keys"]), _n(p["table_size"]),
              _pct(p["lower_bound_migration_fraction"]),
              "–" if p["assignment_version"] is None else f'v{p["assignment_version"]}',
              _run_link(p["dag_id"], p["run_id"])] for p in history]
     return _table(["plan", "status", "method", "created (UTC)", "imbalance before", "predicted",
-                   "realised", "migration", "moved keys", "table size", "lower bound",
-                   "version", "DAG run"], rows, "plans")
+                   "backtested", "realised", "theta", "theta_plan", "migration", "moved keys",
+                   "table size", "lower bound", "version", "DAG run"], rows, "plans")
+
+
+def _theta(value: Any) -> str:
+    return "–" if value is None else f"{float(value):g}"
+
+
+def _within(realised: Any, theta: Any) -> str:
+    """A realised imbalance, red when above ``1 + theta``."""
+    if realised is None or theta is None:
+        return _f(realised)
+    over = float(realised) > 1 + float(theta)
+    return f'<span class="{"bad" if over else "ok"}">{_f(realised)}</span>'
+
+
+def _imbalance_table(p: dict[str, Any]) -> str:
+    """Predicted, backtested and realised imbalance side by side with the bounds.
+
+    predicted: the plan on the loads it was made for (the forecast of its load model),
+    held to ``1 + theta_plan``; backtested: the same way of planning replayed on recent
+    windows it had not seen (mean realised imbalance), beside keeping the live
+    assignment over the same windows; realised: the verified window(s) after it went
+    live, held to ``1 + theta``."""
+    bt, v = p.get("backtest") or {}, p.get("verification") or {}
+    theta, theta_plan = p.get("theta"), p.get("theta_plan")
+    held_out = bt.get("held_out") or []
+    rows = [
+        ["before (live assignment, planned windows)", _f(p["imbalance_before"]), "–", ""],
+        ["predicted (plan, on its forecast)", _f(p["predicted_imbalance"]),
+         "–" if theta_plan is None else _f(1 + float(theta_plan)),
+         "planning bound 1 + theta_plan"],
+        ["backtested (plan made the same way, on held-out windows)",
+         _f(bt.get("planned")), "–" if theta is None else _f(1 + float(theta)),
+         f"{len(held_out)} held-out window(s)" if held_out else ""],
+        ["backtested staying (live assignment, same windows)", _f(bt.get("staying")),
+         "–" if theta is None else _f(1 + float(theta)), ""],
+        ["realised (verified window(s) after the switch)",
+         _within(p["realised_imbalance"], theta),
+         "–" if theta is None else _f(1 + float(theta)),
+         "" if "tolerance" not in v else f"verify accepts up to {_f(v.get('limit'))} "
+                                         f"(verify_tolerance {v['tolerance']:g})"],
+    ]
+    why = [r for r in (bt.get("decision"), bt.get("theta_plan_reason"), bt.get("choice_reason"))
+           if r]
+    return (_table(["imbalance", "value", "bound", "note"], rows, "imbalance")
+            + f"<p>theta {_theta(theta)} · theta_plan {_theta(theta_plan)} · load model "
+              f"{_e(p.get('load_model') or '–')}</p>"
+            + ("<ul id='backtest-reasons'>" + "".join(f"<li>{_e(r)}</li>" for r in why)
+               + "</ul>" if why else ""))
 
 
 def _versions_table(versions: list[dict[str, Any]]) -> str:
@@ -339,6 +400,68 @@ def _loads_chart(loads: dict[str, Any], width: int = 860, height: int = 220) -> 
     imb = [v for v in loads["imbalance"] if v is not None]
     last = f" · imbalance of the latest window {imb[-1]:.3f}" if imb else ""
     return "".join(parts) + f"<div>{legend}{last}</div>"
+
+
+def _imbalance_chart(data: dict[str, Any], width: int = 860, height: int = 220) -> str:
+    """Realised imbalance per window (line) against ``1 + theta`` (dashed red steps: the
+    theta of the plan live in each window), assignment switches (grey), and every plan's
+    verify result at its first verified window (green: verified, red: diverged)."""
+    windows, values = data["windows"], data["imbalance"]
+    if not windows:
+        return '<p id="imbalance-chart">no instance histograms yet</p>'
+    pad, top = 46, 10
+    bounds = [1 + t for t in data["theta"]]
+    seen = [v for v in values if v is not None] + bounds
+    ymin, ymax = 1.0, max(seen) * 1.05 if seen else 2.0
+    n = len(windows)
+    x = (lambda i: pad + (width - pad - 10) * (i / max(n - 1, 1)))  # noqa: E731
+    y = (lambda v: top + (height - top - 30) * (1 - (v - ymin) / (ymax - ymin)))  # noqa: E731
+    parts = [f'<svg id="imbalance-chart" width="{width}" height="{height}" role="img" '
+             f'aria-label="realised imbalance per window against 1 + theta">',
+             f'<line x1="{pad}" y1="{y(1):.1f}" x2="{width - 10}" y2="{y(1):.1f}" stroke="#9aa5b1"/>',
+             f'<text x="4" y="{y(ymax) + 4:.1f}">{ymax:.2f}</text>'
+             f'<text x="4" y="{y(1):.1f}">1.00</text>']
+    for i in range(1, n):
+        if data["versions"][i] != data["versions"][i - 1]:
+            parts.append(f'<line x1="{x(i):.1f}" y1="{top}" x2="{x(i):.1f}" y2="{y(1):.1f}" '
+                         f'stroke="#adb5bd" stroke-dasharray="4 3"/><text x="{x(i) + 3:.1f}" '
+                         f'y="{top + 10}">v{data["versions"][i]}</text>')
+    steps = []
+    for i, b in enumerate(bounds):
+        if i:
+            steps.append(f"{x(i):.1f},{y(bounds[i - 1]):.1f}")
+        steps.append(f"{x(i):.1f},{y(b):.1f}")
+    parts.append(f'<polyline id="bound" fill="none" stroke="#c92a2a" stroke-width="1.5" '
+                 f'stroke-dasharray="6 3" points="{" ".join(steps)}"><title>1 + theta'
+                 f'</title></polyline>')
+    pts = [(i, v) for i, v in enumerate(values) if v is not None]
+    parts.append('<polyline fill="none" stroke="#1971c2" stroke-width="2" points="'
+                 + " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in pts) + '"/>')
+    for i, v in pts:
+        over = v > bounds[i]
+        parts.append(f'<circle class="{"over" if over else "within"}" cx="{x(i):.1f}" '
+                     f'cy="{y(v):.1f}" r="2.5" fill="{"#c92a2a" if over else "#1971c2"}">'
+                     f'<title>{_e(windows[i][:19])}: {v:.3f} (bound {bounds[i]:.3f}, '
+                     f'v{data["versions"][i]})</title></circle>')
+    index = {w[:19]: i for i, w in enumerate(windows)}
+    for c in data["checks"]:
+        i = index.get((c["window"] or "")[:19])
+        if i is None or c["realised"] is None:
+            continue
+        ok = c["status"] == "verified"
+        parts.append(f'<rect class="check {_e(c["status"])}" x="{x(i) - 5:.1f}" '
+                     f'y="{y(c["realised"]) - 5:.1f}" width="10" height="10" fill="none" '
+                     f'stroke="{"#2f9e44" if ok else "#c92a2a"}" stroke-width="2"><title>plan '
+                     f'{_e(c["plan_id"][:12])} {_e(c["status"])}: realised {c["realised"]:.3f}'
+                     f'</title></rect>')
+    parts.append(f'<text x="{pad}" y="{height - 8}">{_e(windows[0][:19])}</text>'
+                 f'<text x="{width - 170}" y="{height - 8}">{_e(windows[-1][:19])}</text></svg>')
+    within = sum(1 for i, v in pts if v <= bounds[i])
+    return "".join(parts) + (
+        f'<div><span style="color:#1971c2">■ realised imbalance</span> '
+        f'<span style="color:#c92a2a">- - 1 + theta</span> '
+        f'<span style="color:#2f9e44">□ verified</span> <span style="color:#c92a2a">□ '
+        f'diverged</span> · {within} of {len(pts)} window(s) within 1 + theta</div>')
 
 
 def _bars_chart(loads: dict[str, Any], width: int = 620, height: int = 220) -> str:

@@ -22,7 +22,8 @@ from .spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
 #: Columns of the plan history, in display order.
 PLAN_COLUMNS = (
     "plan_id", "status", "method", "run_type", "created_at", "imbalance_before",
-    "predicted_imbalance", "realised_imbalance", "migration_fraction", "migration_bytes",
+    "predicted_imbalance", "backtested_imbalance", "staying_imbalance", "realised_imbalance",
+    "theta", "theta_plan", "load_model", "migration_fraction", "migration_bytes",
     "moved_keys", "table_size", "lower_bound_migration_fraction", "base_assignment_version",
     "assignment_version", "dag_id", "run_id")
 
@@ -38,6 +39,7 @@ def _iso(value: Any) -> Any:
 def plan_row(record: PlanRecord) -> dict[str, Any]:
     """One line of the plan history."""
     m = record.metrics
+    bt = record.backtest
     return {
         "plan_id": record.plan_id, "status": record.status, "method": record.method,
         "run_type": record.run_type, "dag_id": record.dag_id, "run_id": record.run_id,
@@ -47,7 +49,13 @@ def plan_row(record: PlanRecord) -> dict[str, Any]:
         "data_interval_end": _iso(record.data_interval_end),
         "imbalance_before": m.get("imbalance_before"),
         "predicted_imbalance": record.predicted_imbalance,
+        "backtested_imbalance": bt.get("planned"),
+        "staying_imbalance": bt.get("staying"),
         "realised_imbalance": record.realised_imbalance,
+        "theta": record.params.get("theta"),
+        "theta_plan": bt.get("theta_plan"),
+        "load_model": bt.get("load_model"),
+        "backtest": bt,
         "migration_fraction": m.get("migration_fraction"),
         "migration_bytes": m.get("migration_bytes"),
         "moved_keys": m.get("moved_keys"), "table_size": m.get("table_size"),
@@ -152,4 +160,66 @@ def instance_loads(spark, windows: int = 30) -> dict[str, Any]:
         "loads": [[float(x) for x in row] for row in table.to_numpy()],
         "imbalance": [None if m != m else float(x) for x, m in zip(table.max(axis=1) / mean, mean)],
         "versions": [int(v) for v in versions],
+    }
+
+
+def realised_imbalance(spark, windows: int = 60) -> dict[str, Any]:
+    """Realised imbalance of the latest ``windows`` windows against the bound ``1 + theta``.
+
+    Per window (oldest first): the imbalance (max / mean instance load over the job's N
+    instances, an instance without rows counting 0) from ``instance_histograms`` (the
+    job's per-instance loads; ``key_histograms`` summed per instance where the job wrote
+    no instance rows), the assignment version it ran under, and the ``theta`` of the plan
+    that made that version live (``default_theta`` for versions no plan made: the first
+    one, and versions restored after a failed restart). ``checks``: every plan's verify
+    result (realised imbalance, its first verified window, status).
+    """
+    from pyspark.sql import functions as F
+
+    from .control.params import RunParams
+
+    default_theta = RunParams().theta
+    empty = {"windows": [], "imbalance": [], "versions": [], "theta": [],
+             "default_theta": default_theta, "checks": []}
+    if not tables.exists(spark, tables.ASSIGNMENTS):
+        return empty
+    if tables.exists(spark, tables.INSTANCE_HISTOGRAMS):
+        df, load = tables.read(spark, tables.INSTANCE_HISTOGRAMS), "load"
+    elif tables.exists(spark, tables.KEY_HISTOGRAMS):
+        df, load = tables.read(spark, tables.KEY_HISTOGRAMS), "cost"
+    else:
+        return empty
+    latest = [r[0] for r in df.select("window_start").distinct()
+              .orderBy(F.col("window_start").desc()).limit(windows).collect()]
+    if not latest:
+        return empty
+    pdf = (df.where(F.col("window_start") >= F.lit(min(latest)))
+           .groupBy("window_start", "instance")
+           .agg(F.sum(load).alias("load"), F.max("assignment_version").alias("version"))
+           .toPandas())
+    n = tables.assignments_n_instances(spark)
+    table = pdf.pivot_table(index="window_start", columns="instance", values="load",
+                            aggfunc="sum", fill_value=0.0).sort_index()
+    table = table.reindex(columns=sorted(set(range(n)) | set(table.columns)), fill_value=0.0)
+    versions = pdf.groupby("window_start")["version"].max().reindex(table.index)
+    mean = table.iloc[:, :n].sum(axis=1) / max(n, 1)
+    records = {r.plan_id: r for r in PlanStore(spark).plans()} if tables.exists(spark, PLANS) \
+        else {}
+    theta_of = {int(c.version): float(records[c.metadata["plan_id"]].params["theta"])
+                for c in tables.assignment_history(spark)
+                if c.metadata.get("action") != "rollback"
+                and c.metadata.get("plan_id") in records
+                and "theta" in records[c.metadata["plan_id"]].params}
+    checks = [{"plan_id": r.plan_id, "status": r.status, "realised": r.realised_imbalance,
+               "window": (r.verification.get("windows") or [None])[0],
+               "theta": r.params.get("theta"), "limit": r.verification.get("limit")}
+              for r in records.values() if r.realised_imbalance is not None]
+    return {
+        "windows": [_iso(w.to_pydatetime()) for w in table.index],
+        "imbalance": [None if not m > 0 else float(x / m)
+                      for x, m in zip(table.max(axis=1), mean)],
+        "versions": [int(v) for v in versions],
+        "theta": [theta_of.get(int(v), default_theta) for v in versions],
+        "default_theta": default_theta,
+        "checks": sorted(checks, key=lambda c: c["window"] or ""),
     }

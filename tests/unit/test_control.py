@@ -114,3 +114,50 @@ def test_a_skip_names_the_windows_the_run_looked_at(start, end, text):
     from rebalance.control.params import RunInfo
 
     assert _windows_text(RunInfo("rebalance", "manual__x", "manual", start, end), 6) == text
+
+
+def test_the_backtest_params_are_checked_with_one_line_each():
+    from rebalance.control.errors import InvalidParams
+    from rebalance.control.params import PARAMS_SCHEMA, VERIFY_TOLERANCE, RunParams
+
+    p = RunParams()
+    assert (p.trigger_rule, p.load_model, p.headroom_target, p.theta_plan) == (
+        "theta", "auto", 0.9, None)
+    assert 0 < p.min_backtest_gain <= 0.05 and p.verify_tolerance == VERIFY_TOLERANCE == 0.02
+    # verification can fail: the form caps the noise allowance well below any plan's miss
+    assert PARAMS_SCHEMA["verify_tolerance"]["maximum"] == 0.5
+    # one spelling per load model, so equal runs hash to the same plan id
+    assert RunParams.parse({"load_model": "ewm:h=3"}).load_model == "ewm:halflife=3"
+    assert RunParams.parse({"theta": 0.2, "theta_plan": 0.05}).theta_plan == 0.05
+    for bad, words in (
+        ({"trigger_rule": "always"}, "trigger_rule 'always' is not one of theta, seed004"),
+        ({"load_model": "ewma"}, "load_model 'ewma': load model 'ewma'"),
+        ({"load_model": "ewm:span=3"}, "option 'span=3'"),
+        ({"load_model": "seasonal"}, "seasonal needs a period"),
+        ({"load_model": 3}, "load_model 3"),
+        ({"theta_plan": 0.2}, "theta_plan must be > 0 and at most theta (0.1), got 0.2"),
+        ({"theta_plan": 0}, "theta_plan must be > 0"),
+        ({"headroom_target": 0}, "headroom_target must be a share in (0, 1]"),
+        ({"headroom_target": 1.5}, "headroom_target"),
+        ({"min_backtest_gain": -0.1}, "min_backtest_gain must be in [0, 1]"),
+        ({"verify_tolerance": 5}, "verify_tolerance must be in [0, 0.5], got 5.0"),
+    ):
+        with pytest.raises(InvalidParams) as err:
+            RunParams.parse(bad)
+        assert words in str(err.value) and "\n" not in str(err.value)
+    # the form refuses a misspelt model before a run exists (the pattern of the schema)
+    import re
+
+    pattern = re.compile(PARAMS_SCHEMA["load_model"]["pattern"])
+    assert all(pattern.match(t) for t in ("auto", "ewm:halflife=3", " robust:windows=3"))
+    assert not any(pattern.match(t) for t in ("ewma", "", "mean;windows=3"))
+
+
+def test_verify_checks_the_bound_the_user_set_not_the_prediction():
+    from rebalance.control.rollout import verify_limit
+
+    assert verify_limit(0.1, 0.02) == pytest.approx(1.12)
+    # the case: theta 0.1, a plan landing at 1.2 is not verified, whatever it predicted
+    assert not 1.2 <= verify_limit(0.1, 0.02)
+    assert 1.119 <= verify_limit(0.1, 0.02) and not 1.121 <= verify_limit(0.1, 0.02)
+    assert verify_limit(0.05, 0.0) == pytest.approx(1.05)

@@ -71,7 +71,7 @@ def test_the_plugin_mounts_its_app_and_views_behind_airflow_auth():
         ("dag", "rebalance-dag"), ("nav", "rebalance")}
     paths = {r.path for r in module.app.routes}
     assert {"/", "/plans/{plan_id}", "/api/plans", "/api/plans/{plan_id}", "/api/assignments",
-            "/api/loads", "/rollback"} <= paths
+            "/api/loads", "/api/imbalance", "/rollback"} <= paths
     # Authentication is an app-wide dependency: no route can forget it.
     assert module.can_read in module.app.router.dependencies
 
@@ -88,12 +88,70 @@ def test_the_charts_render_loads_and_escape_text():
     assert bars.count("<rect") == 4 and "mean" in bars
     table = module._plans_table([{
         "plan_id": "<script>", "status": "verified", "method": "milp", "created_at": None,
-        "imbalance_before": 1.7, "predicted_imbalance": 1.05, "realised_imbalance": None,
+        "imbalance_before": 1.7, "predicted_imbalance": 1.05, "backtested_imbalance": 1.08,
+        "realised_imbalance": 1.15, "theta": 0.1, "theta_plan": 0.05,
         "migration_fraction": 0.01, "moved_keys": 2, "table_size": 2,
         "lower_bound_migration_fraction": 0.005, "assignment_version": 3,
         "dag_id": "rebalance", "run_id": "manual__x"}])
     assert "<script>" not in table and "&lt;script&gt;" in table
     assert 'href="/dags/rebalance/runs/manual__x"' in table
+    # realised above 1 + theta is marked; backtested, theta and theta_plan are shown
+    assert '<span class="bad">1.150</span>' in table
+    assert "<td>1.080</td>" in table and "<td>0.1</td><td>0.05</td>" in table
+
+
+def test_the_realised_imbalance_chart_plots_each_window_against_one_plus_theta():
+    module = _plugin_module()
+    data = {"windows": ["2026-11-24T00:00:00", "2026-11-24T00:00:20", "2026-11-24T00:00:40",
+                        "2026-11-24T00:01:00"],
+            "imbalance": [1.5, 1.4, 1.04, None], "versions": [0, 0, 1, 1],
+            "theta": [0.1, 0.1, 0.05, 0.05], "default_theta": 0.1,
+            "checks": [{"plan_id": "p<1>", "status": "verified", "realised": 1.04,
+                        "window": "2026-11-24T00:00:40+00:00", "theta": 0.05, "limit": 1.07},
+                       {"plan_id": "elsewhere", "status": "diverged", "realised": 1.3,
+                        "window": "2026-11-23T00:00:00+00:00", "theta": 0.1, "limit": 1.12}]}
+    svg = module._imbalance_chart(data)
+    assert svg.count('class="over"') == 2 and svg.count('class="within"') == 1  # None: no point
+    assert ">v1</text>" in svg and 'id="bound"' in svg
+    # the bound steps from 1.1 to 1.05 where version 1 (theta 0.05) went live
+    bound = svg.split('id="bound"')[1].split('points="')[1].split('"')[0].split()
+    xy = [tuple(float(v) for v in point.split(",")) for point in bound]
+    assert len(xy) == 2 * 4 - 1 and len({y for _, y in xy[:4]}) == 1       # 1.1 in windows 0-1
+    assert xy[3][0] == xy[4][0] and xy[4][1] > xy[3][1]  # at window 2, down (svg y grows down)
+    assert xy[4][1] == xy[6][1]
+    # the verify result of the plan live in these windows is drawn, escaped; the other is not
+    assert svg.count('class="check verified"') == 1 and "p&lt;1&gt;" in svg
+    assert "diverged: realised" not in svg
+    assert "1 of 3 window(s) within 1 + theta" in svg
+    assert module._imbalance_chart({**data, "windows": [], "imbalance": [], "versions": [],
+                                    "theta": [], "checks": []}).startswith(
+        '<p id="imbalance-chart">')
+
+
+def test_the_plan_page_shows_predicted_backtested_and_realised_beside_the_bounds():
+    module = _plugin_module()
+    plan = {"imbalance_before": 1.75, "predicted_imbalance": 1.04, "realised_imbalance": 1.118,
+            "theta": 0.1, "theta_plan": 0.05, "load_model": "ewm:halflife=3",
+            "backtest": {"planned": 1.06, "staying": 1.70, "windows": 6,
+                         "held_out": ["a", "b"], "decision": "rebalance: <holds>",
+                         "reasons": ["auto: chosen"]},
+            "verification": {"tolerance": 0.02, "limit": 1.12, "realised": 1.118}}
+    html = module._imbalance_table(plan)
+    rows = html.split("<tr>")[2:]
+    assert [r.split("</td>")[0].removeprefix("<td>").split(" (")[0] for r in rows] == [
+        "before", "predicted", "backtested", "backtested staying", "realised"]
+    assert "<td>1.040</td><td>1.050</td>" in rows[1]          # predicted vs 1 + theta_plan
+    assert "<td>1.060</td><td>1.100</td>" in rows[2]          # backtested vs 1 + theta
+    assert "<td>1.700</td>" in rows[3]
+    assert '<span class="bad">1.118</span>' in rows[4]         # above 1 + theta ...
+    assert "verify accepts up to 1.120 (verify_tolerance 0.02)" in rows[4]  # ... within noise
+    assert "2 held-out window(s)" in rows[2]
+    assert "&lt;holds&gt;" in html and "<holds>" not in html
+    assert "theta 0.1 · theta_plan 0.05 · load model ewm:halflife=3" in html
+    # a plan stored before backtests existed (or a rollback) shows dashes, not an error
+    old = module._imbalance_table({"imbalance_before": 1.5, "predicted_imbalance": 1.1,
+                                   "realised_imbalance": None, "theta": 0.1})
+    assert old.count("<td>–</td>") >= 4 and "backtest-reasons" not in old
 
 
 def test_the_moved_keys_section_lists_each_key_or_says_none_and_caps_a_long_list():

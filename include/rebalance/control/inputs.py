@@ -1,9 +1,11 @@
 """The run's input snapshot in Delta: which histogram windows, which versions, what problem.
 
 :func:`read_windows` pins the windows of the run's data interval, the ``key_histograms``
-and base assignment versions; :func:`load_problem` turns the pinned histogram rows
-into the planning problem through :func:`rebalance.histograms.build_problem`, the same
-aggregation as ``rebalance plan``. Spark is imported inside the functions only.
+and base assignment versions; :func:`load_rows` reads the pinned histogram rows once;
+:func:`load_problem` turns them into the planning problem through
+:func:`rebalance.histograms.build_problem`, the same aggregation as ``rebalance plan``,
+and :func:`window_history` into the per-window loads the trigger and the backtest read.
+Spark is imported inside the functions only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..backtest import WindowHistory
 from ..model import PlanningError, Problem
 from .errors import RunSkipped
 from .params import RunInfo, RunParams
@@ -159,7 +162,45 @@ def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dic
     return version, windows
 
 
-def load_problem(spark, inputs: Mapping[str, Any]) -> tuple[Problem, dict[str, int]]:
+def load_rows(spark, inputs: Mapping[str, Any]) -> pd.DataFrame:
+    """The histogram rows of the pinned windows (one Delta version of ``key_histograms``),
+    merged per (window, key): ``window_start, key, count, cost, state_bytes``."""
+    from pyspark.sql import functions as F
+
+    from ..spark import tables
+
+    windows = list(inputs["windows"])
+    df = (tables.read(spark, tables.KEY_HISTOGRAMS, version=int(inputs["key_histograms_version"]))
+          .where(F.col("window_start").isin([as_utc(w) for w in windows]))
+          .groupBy("window_start", "key")
+          .agg(F.sum("count").alias("count"), F.sum("cost").alias("cost"),
+               F.max("state_bytes").alias("state_bytes")))
+    pdf = df.toPandas()
+    if pdf.empty:
+        raise PlanningError(f"no histogram rows in windows {windows}")
+    return pdf
+
+
+def base_routing(spark, inputs: Mapping[str, Any]) -> dict[str, int]:
+    """The routing table of the run's base assignment version (the live one)."""
+    from ..spark import tables
+
+    return tables.read_assignment(spark, version=int(inputs["base_assignment_version"])).routing
+
+
+def window_history(rows: pd.DataFrame, n_instances: int,
+                   routing: Mapping[str, int]) -> tuple[WindowHistory, np.ndarray]:
+    """The pinned windows as a :class:`~rebalance.backtest.WindowHistory` (per-window key
+    loads, oldest first) and the live assignment of its keys (the routing table over the
+    default placement): what the trigger judges and the backtest replays."""
+    history = WindowHistory.from_histograms(rows, int(n_instances))
+    current = np.array([int(routing.get(k, d)) for k, d in zip(history.keys, history.default)],
+                       dtype=np.int64)
+    return history, current
+
+
+def load_problem(spark, inputs: Mapping[str, Any],
+                 rows: pd.DataFrame | None = None) -> tuple[Problem, dict[str, int]]:
     """The planning problem of the pinned inputs, and the base routing table.
 
     The histogram rows of the pinned windows (one Delta version of ``key_histograms``)
@@ -169,25 +210,15 @@ def load_problem(spark, inputs: Mapping[str, Any]) -> tuple[Problem, dict[str, i
     of its latest window (the job's state is the sliding window of its last w windows:
     seed 003's S(k, w)), current instance = the base assignment version's routing table
     over the default placement. Keys of the routing table without events are planned too.
+    ``rows``: the pinned rows when already read (:func:`load_rows`).
     """
-    from pyspark.sql import functions as F
-
     from ..histograms import build_problem
-    from ..spark import tables
 
-    windows = list(inputs["windows"])
-    n = int(inputs["n_instances"])
-    df = (tables.read(spark, tables.KEY_HISTOGRAMS, version=int(inputs["key_histograms_version"]))
-          .where(F.col("window_start").isin([as_utc(w) for w in windows]))
-          .groupBy("window_start", "key")
-          .agg(F.sum("count").alias("count"), F.sum("cost").alias("cost"),
-               F.max("state_bytes").alias("state_bytes")))
-    pdf = df.toPandas()
-    if pdf.empty:
-        raise PlanningError(f"no histogram rows in windows {windows}")
-    table = tables.read_assignment(spark, version=int(inputs["base_assignment_version"])).routing
+    pdf = load_rows(spark, inputs) if rows is None else rows
+    table = base_routing(spark, inputs)
     routing = pd.DataFrame({"key": list(table), "instance": list(table.values())})
-    problem, _ = build_problem(pdf, n, routing, windows=len(windows))
+    problem, _ = build_problem(pdf, int(inputs["n_instances"]), routing,
+                               windows=len(inputs["windows"]))
     return problem, table
 
 

@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..forecast import LOAD_MODELS, LoadModel, LoadModelError
 from ..model import PlanParams
 from ..planners import METHODS
+from ..trigger import TRIGGER_RULES
 from .errors import InvalidParams
 from .records import as_utc, hash_id
 
@@ -31,7 +33,9 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
     "method": {
         "type": "string", "enum": list(METHODS),
         "title": "Planning method",
-        "description": "Planner of rebalance.planners (mixed = seed 003 Mixed, milp = seed 002).",
+        "description": "Planner of rebalance.planners: mixed (few moves, small routing table), "
+                       "milp (exact optimisation within the time limit), auto (the best the "
+                       "time limit affords), ...",
     },
     "theta": {
         "type": "number", "exclusiveMinimum": 0, "maximum": 2,
@@ -60,7 +64,7 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
     },
     "min_events": {
         "type": "integer", "minimum": 0,
-        "title": "Minimum events (seed 004 M)",
+        "title": "Minimum events",
         "description": "Skip the run when the windows hold fewer events.",
     },
     "apply_mode": {
@@ -85,7 +89,48 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
     "force": {
         "type": "boolean",
         "title": "Force",
-        "description": "Plan even when the seed 004 trigger rules say the job is balanced.",
+        "description": "Plan and apply even when the trigger says the job is within its bound "
+                       "or the backtest says the plan would not hold; the plan's reasons "
+                       "record what was overridden.",
+    },
+    "trigger_rule": {
+        "type": "string", "enum": list(TRIGGER_RULES),
+        "title": "Trigger rule",
+        "description": "theta: plan when most of the latest 3 windows (2 of 3; 2 of 2; 1 of 1) "
+                       "exceed 1 + theta under the live assignment. seed004: plan when the "
+                       "imbalance exceeds 1.5, no plan went live in the last 3 periods and "
+                       "the plan lowers the imbalance by more than 0.3.",
+    },
+    "min_backtest_gain": {
+        "type": "number", "minimum": 0, "maximum": 1,
+        "title": "Minimum backtested gain",
+        "description": "Apply a plan only when, planned the same way on the windows before "
+                       "the most recent third and replayed on that held-out third, it lowers "
+                       "the mean realised imbalance by at least this much compared with "
+                       "keeping the live assignment; otherwise the run skips with both figures.",
+    },
+    "load_model": {
+        "type": "string", "maxLength": 200,
+        "pattern": r"^\s*(" + "|".join(LOAD_MODELS) + r")\s*(:.*)?$",
+        "title": "Load model",
+        "description": "The per-key loads a plan is made for, from the run's windows: auto "
+                       "(chosen by backtest on those windows), mean, ewm:halflife=H, "
+                       "quantile:q=Q, max, seasonal:period=P (windows), robust (every window "
+                       "must stay within the bound); each takes windows=W.",
+    },
+    "headroom_target": {
+        "type": "number", "exclusiveMinimum": 0, "maximum": 1,
+        "title": "Headroom target",
+        "description": "When theta_plan is not set: plan with the largest bound theta_plan <= "
+                       "theta whose backtest keeps at least this share of windows within "
+                       "1 + theta.",
+    },
+    "theta_plan": {
+        "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 2,
+        "title": "Planning bound theta_plan",
+        "description": "Plan every instance load <= (1 + theta_plan) x mean of the forecast, "
+                       "leaving headroom for forecast errors; at most theta. Null: chosen by "
+                       "backtest (headroom_target).",
     },
     "verify_windows": {
         "type": "integer", "minimum": 1, "maximum": 100,
@@ -93,9 +138,12 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
         "description": "Windows processed under the new assignment to compare with the prediction.",
     },
     "verify_tolerance": {
-        "type": "number", "minimum": 0, "maximum": 10,
-        "title": "Verification tolerance",
-        "description": "Realised imbalance may exceed the predicted one by this much.",
+        "type": "number", "minimum": 0, "maximum": 0.5,
+        "title": "Verification noise allowance",
+        "description": "verify passes when the realised imbalance of the verified windows is "
+                       "at most 1 + theta + this allowance (room for one window's load noise "
+                       "that no plan can foresee); above it the plan is stored as diverged "
+                       "and the run fails.",
     },
     "restart_timeout_minutes": {
         "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
@@ -112,6 +160,13 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
 
 
 DEFAULT_SCHEDULE = "*/10 * * * *"
+
+#: Default ``verify_tolerance``: how far above ``1 + theta`` the realised imbalance of the
+#: verified window(s) may be before a plan counts as diverged. Room for the noise of one
+#: window that no forecast foresees (a key's count over a window varies by sqrt(count):
+#: 1 % of a key with 10^4 events), not for a plan that misses: 0.02 at theta = 0.1 accepts
+#: 1.12, not 1.2. The Params schema caps it at 0.5, so verification can always fail.
+VERIFY_TOLERANCE = 0.02
 
 
 def timetable(spec: str | None = None):
@@ -150,15 +205,21 @@ class RunParams:
     restart_above: float = AUTO_RESTART_ABOVE
     require_approval: bool = False
     force: bool = False
+    trigger_rule: str = "theta"
+    min_backtest_gain: float = 0.01
+    load_model: str = "auto"
+    headroom_target: float = 0.9
+    theta_plan: float | None = None
     verify_windows: int = 1
-    verify_tolerance: float = 0.15
+    verify_tolerance: float = VERIFY_TOLERANCE
     verify_timeout_minutes: float = 30.0
     restart_timeout_minutes: float = 15.0
 
     def __post_init__(self) -> None:
         # Canonical types, so equal params always hash to the same plan id (30 == 30.0).
         for name in ("theta", "migration_budget", "verify_tolerance", "verify_timeout_minutes",
-                     "restart_timeout_minutes", "restart_above"):
+                     "restart_timeout_minutes", "restart_above", "min_backtest_gain",
+                     "headroom_target", "theta_plan"):
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 object.__setattr__(self, name, float(value))
@@ -166,6 +227,12 @@ class RunParams:
             value = getattr(self, name)
             if isinstance(value, float) and value.is_integer():
                 object.__setattr__(self, name, int(value))
+        # One spelling per load model ("ewm:h=3" is "ewm:halflife=3"); a bad one is left
+        # as given for check() to name.
+        try:
+            object.__setattr__(self, "load_model", str(self.model()))
+        except LoadModelError:
+            pass
 
     @classmethod
     def parse(cls, values: Mapping[str, Any]) -> RunParams:
@@ -195,8 +262,33 @@ class RunParams:
             problems.append(f"restart_above must be a fraction in [0, 1], got {self.restart_above!r}")
         if self.max_table is not None and self.max_table < 0:
             problems.append(f"max_table must be >= 0, got {self.max_table!r}")
+        if self.trigger_rule not in TRIGGER_RULES:
+            problems.append(f"trigger_rule {self.trigger_rule!r} is not one of "
+                            f"{', '.join(TRIGGER_RULES)}")
+        if not (isinstance(self.min_backtest_gain, float) and 0 <= self.min_backtest_gain <= 1):
+            problems.append(f"min_backtest_gain must be in [0, 1], got {self.min_backtest_gain!r}")
+        if not (isinstance(self.headroom_target, float) and 0 < self.headroom_target <= 1):
+            problems.append(f"headroom_target must be a share in (0, 1], got "
+                            f"{self.headroom_target!r}")
+        if self.theta_plan is not None and not (
+                isinstance(self.theta_plan, float) and 0 < self.theta_plan
+                and isinstance(self.theta, float) and self.theta_plan <= self.theta):
+            problems.append(f"theta_plan must be > 0 and at most theta ({self.theta!r}), got "
+                            f"{self.theta_plan!r}")
+        if not (isinstance(self.verify_tolerance, float) and 0 <= self.verify_tolerance <= 0.5):
+            problems.append(f"verify_tolerance must be in [0, 0.5], got {self.verify_tolerance!r}")
+        try:
+            self.model()
+        except LoadModelError as exc:
+            problems.append(f"load_model {self.load_model!r}: {exc}")
         if problems:
             raise InvalidParams("invalid params: " + "; ".join(problems))
+
+    def model(self) -> LoadModel:
+        """The run's load model (``auto``: chosen by backtest when the plan is made)."""
+        if not isinstance(self.load_model, str):
+            raise LoadModelError(f"must be text like 'ewm:halflife=3', got {self.load_model!r}")
+        return LoadModel.parse(self.load_model)
 
     def planner_params(self, total_state: float) -> PlanParams:
         budget = None if self.migration_budget is None else self.migration_budget * total_state

@@ -161,6 +161,14 @@ class PlanRecord:
         return cls(**values)
 
     @property
+    def backtest(self) -> dict[str, Any]:
+        """How the plan was made and judged before it was stored (``inputs["backtest"]``,
+        written by :func:`rebalance.control.tasks.plan`): load model, ``theta_plan``, the
+        mean realised imbalance of the plan and of staying on the held-out windows, and
+        why. Empty for plans made before it existed and for rollbacks."""
+        return dict(self.inputs.get("backtest") or {})
+
+    @property
     def applied_at(self) -> dt.datetime | None:
         """When its assignment version went live (None if it never did)."""
         return as_utc(self.verification.get("applied_at"))
@@ -177,6 +185,10 @@ class PlanRecord:
             "imbalance_before": self.metrics.get("imbalance_before"),
             "predicted_imbalance": self.predicted_imbalance,
             "realised_imbalance": self.realised_imbalance,
+            "backtested_imbalance": self.backtest.get("planned"),
+            "theta": self.params.get("theta"),
+            "theta_plan": self.backtest.get("theta_plan"),
+            "load_model": self.backtest.get("load_model"),
             "migration_fraction": self.metrics.get("migration_fraction"),
             "moved_keys": self.metrics.get("moved_keys"),
             "reasons": list(self.reasons),

@@ -1,5 +1,9 @@
 """The planning tasks of the ``rebalance`` DAG: detect -> plan -> validate -> publish.
 
+What detect and plan decide from the windows (trigger, load model, theta_plan, the
+backtest gate) is :mod:`rebalance.control.decide`, without Spark; these functions read
+and store.
+
 Every function takes the small dict the previous task returned and returns a small
 JSON-able dict; DataFrames and arrays never travel between tasks. Everything durable is
 in Delta (:mod:`rebalance.spark.plan_store`), and every step is idempotent: the plan id
@@ -16,11 +20,19 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..model import Problem, imbalance
-from ..trigger import TriggerPolicy, mldc
+from ..trigger import TriggerPolicy
 from ..validation import PlanLimits, validate_plan
+from . import decide
 from .errors import ApplyRefused, InvalidParams, PlanRejected, RunSkipped
-from .inputs import assignment_frame, load_problem, plan_store, spark_session
+from .inputs import (
+    assignment_frame,
+    base_routing,
+    load_problem,
+    load_rows,
+    plan_store,
+    spark_session,
+    window_history,
+)
 from .params import RunInfo, RunParams, plan_id_for, unpack
 from .records import LIVE_STATUSES, PlanRecord, PlanStatus, utcnow
 
@@ -47,47 +59,50 @@ def periods_since_last_plan(store: PlanStore, run: RunInfo) -> int | None:
 
 
 def detect(windows: Mapping[str, Any]) -> dict[str, Any]:
-    """Apply the trigger rules of seed 004 to the current assignment.
+    """Decide whether the job needs a plan, by the run's ``trigger_rule``.
 
-    Rebalance only when MLDC (imbalance - 1) exceeds 0.5, at least ``min_events``
-    events were processed, and no plan went live in the last 3 schedule periods; the
-    fourth rule (the candidate improves MLDC by more than 0.3) is checked by
-    :func:`plan`. ``force`` overrides the rules. Raises :class:`RunSkipped` otherwise.
+    ``theta`` (default): a majority of the latest 3 windows (2 of 3, 2 of 2, 1 of 1)
+    exceed ``1 + theta`` under the live assignment. ``seed004``: imbalance above 1.5, at
+    least ``min_events`` events and no plan live in the last 3 schedule periods (its
+    fourth rule, the plan lowers the imbalance by more than 0.3, is checked by
+    :func:`plan`). ``force`` overrides either. Raises :class:`RunSkipped` otherwise.
     """
     run, p = unpack(windows)
     inputs = dict(windows["inputs"])
     if "detect" in inputs:  # replay of a run that already stored its plan
         return {**windows, "inputs": inputs}
     spark = spark_session()
-    problem, _ = load_problem(spark, inputs)
-    imb = _current_imbalance(problem)
-    since = periods_since_last_plan(plan_store(spark), run)
-    # Rules 1-3 now; rule 4 needs the candidate plan and is checked by plan().
-    rules_1_to_3 = dataclasses.replace(trigger_policy(p), min_improvement=0.0)
-    decision = rules_1_to_3.decide(imb, int(inputs["events"]), since,
-                                   predicted_imbalance=1.0, force=p.force)
-    inputs["detect"] = {"imbalance": round(imb, 6), "mldc": round(mldc(imb), 6),
-                        "events": inputs["events"], "periods_since_last_plan": since,
-                        "decision": str(decision)}
+    history, current = window_history(load_rows(spark, inputs), int(inputs["n_instances"]),
+                                      base_routing(spark, inputs))
+    since = (periods_since_last_plan(plan_store(spark), run) if p.trigger_rule == "seed004"
+             else None)
+    decision, facts = decide.detect(history, current, p, int(inputs["events"]), since)
+    inputs["detect"] = facts
     if not decision.trigger:
-        raise RunSkipped(f"{decision} (seed 004 trigger rules; set force to plan anyway)")
-    log.info("imbalance %.3f (MLDC %.3f) over %d instances: %s", imb, mldc(imb),
-             problem.n_instances, decision)
+        raise RunSkipped(f"{decision} ({decide.rule_text(p.trigger_rule)})")
+    log.info("imbalance per window %s (bound %.3f) over %d instances: %s",
+             facts["window_imbalance"], 1 + p.theta, history.n_instances, decision)
     return {**windows, "inputs": inputs}
-
-
-def _current_imbalance(problem: Problem) -> float:
-    return imbalance(problem.instance_loads(problem.current), problem.active)
 
 
 # ----------------------------------------------------------------------- plan
 def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
-    """Compute the plan with the chosen planner and store it (status proposed).
+    """Choose how to plan by backtest, check that such plans hold, plan, and store the plan
+    (status proposed).
 
-    A retry finds the stored plan by its id and returns it. Raises
-    :class:`RunSkipped` when the candidate improves MLDC by no more than 0.3 (the
-    fourth trigger rule of seed 004), unless forced.
+    The run's windows become a :class:`~rebalance.backtest.WindowHistory`;
+    :func:`rebalance.control.decide.plan_policy` holds out the latest third of them,
+    chooses the load model and ``theta_plan`` on the rest (``load_model`` auto: by
+    backtest, within the planner's time limit) and replays a plan made that way on the
+    held-out windows against keeping the live assignment. Raises :class:`RunSkipped`
+    with both figures when it does not lower the mean realised imbalance by at least
+    ``min_backtest_gain`` (and, for ``trigger_rule`` seed004, when the plan improves MLDC
+    by no more than 0.3), unless forced. Otherwise the chosen planner plans on the load
+    model's forecast over all the run's windows with ``theta_plan``, and the plan is
+    stored with its load model, theta_plan, backtested imbalance and the reasons
+    (``inputs["backtest"]``). A retry finds the stored plan by its id and returns it.
     """
+    from ..model import evaluate
     from ..planners import get_planner
 
     run, p = unpack(detected)
@@ -100,30 +115,63 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
         log.info("plan %s already stored (%s)", plan_id, stored.status)
         return {**detected, "plan": stored.summary()}
 
-    problem, _ = load_problem(spark, inputs)
-    inputs.update(n_keys=problem.n_keys, total_state=float(problem.state.sum()))
-    result = get_planner(p.method).plan(problem, p.planner_params(float(problem.state.sum())))
+    rows = load_rows(spark, inputs)
+    routing = base_routing(spark, inputs)
+    history, current = window_history(rows, int(inputs["n_instances"]), routing)
+    problem, _ = load_problem(spark, inputs, rows=rows)
+    total_state = float(problem.state.sum())
+    inputs.update(n_keys=problem.n_keys, total_state=total_state)
+    params = p.planner_params(total_state)
+    planning = decide.plan_policy(history, current, p, time_limit=params.time_limit)
+    if planning.skip:
+        raise RunSkipped(f"{p.method}: " + "; ".join(planning.decision.reasons)
+                         + " (set force to plan anyway)")
+    model, theta_plan = planning.load_model, planning.theta_plan
+    forecast = decide.forecast_problem(problem, history, model)
+    result = get_planner(p.method).plan(forecast, dataclasses.replace(params, theta=theta_plan))
     metrics = result.metrics_dict()
-    decision = trigger_policy(p).decide(
-        metrics["imbalance_before"], int(inputs["events"]),
-        inputs["detect"]["periods_since_last_plan"],
-        predicted_imbalance=metrics["imbalance_after"], force=p.force)
-    if not decision.trigger:
-        raise RunSkipped(f"{p.method}: {decision} (seed 004 trigger rules)")
+    if forecast.scenarios is not None:
+        # robust: the plan kept every scenario within the bound; the stored frame holds
+        # the forecast (their mean), so its metrics are reported on it (the gate
+        # recomputes them from the frame) and the worst scenario is kept beside them.
+        worst = metrics["imbalance_after"]
+        metrics.update(evaluate(dataclasses.replace(forecast, scenarios=None),
+                                result.assignment).to_dict())
+        planning.facts["worst_scenario_imbalance"] = worst
+    reasons = list(result.notes)
+    if p.trigger_rule == "seed004":
+        decision = trigger_policy(p).decide(
+            metrics["imbalance_before"], int(inputs["events"]),
+            inputs["detect"]["periods_since_last_plan"],
+            predicted_imbalance=metrics["imbalance_after"], force=p.force)
+        if not decision.trigger:
+            raise RunSkipped(f"{p.method}: {decision} (seed 004 trigger rules)")
+    inputs["backtest"] = {
+        "load_model": str(model), "theta": p.theta, "theta_plan": theta_plan,
+        "decision": str(planning.decision), "reasons": planning.reasons,
+        "forced": planning.decision.forced, **planning.facts,
+    }
+    reasons += planning.reasons
     record = PlanRecord(
         plan_id=plan_id, status=PlanStatus.PROPOSED.value, method=p.method,
         dag_id=run.dag_id, run_id=run.run_id, run_type=run.run_type,
         data_interval_start=run.start, data_interval_end=run.end,
         params=p.to_dict(), metrics=metrics, inputs=inputs, apply_mode=p.apply_mode,
-        reasons=list(result.notes),
+        reasons=reasons,
         base_assignment_version=int(inputs["base_assignment_version"]),
         predicted_imbalance=float(metrics["imbalance_after"]),
     )
-    record = store.propose(record, assignment_frame(problem, result.assignment))
-    log.info("plan %s (%s): imbalance %.3f -> %.3f, %d keys move (%.1f%% of state)",
-             plan_id, p.method, metrics["imbalance_before"], metrics["imbalance_after"],
+    record = store.propose(record, assignment_frame(forecast, result.assignment))
+    log.info("plan %s (%s, load model %s, theta_plan %g): imbalance %.3f -> %.3f predicted, "
+             "%s backtested vs %s staying; %d keys move (%.1f%% of state)", plan_id, p.method,
+             model, theta_plan, metrics["imbalance_before"], metrics["imbalance_after"],
+             _f3(planning.facts.get("planned")), _f3(planning.facts.get("staying")),
              metrics["moved_keys"], 100 * metrics["migration_fraction"])
     return {**detected, "plan": record.summary()}
+
+
+def _f3(value) -> str:
+    return "-" if value is None else f"{float(value):.3f}"
 
 
 # ------------------------------------------------------------------- rollback

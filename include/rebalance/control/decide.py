@@ -1,0 +1,242 @@
+"""What a run decides from its windows, without Spark: whether to plan, how, and whether
+the plan holds.
+
+The ``rebalance`` DAG's ``detect`` and ``plan`` tasks read the pinned windows
+(:mod:`.inputs`) and hand them here as a :class:`~rebalance.backtest.WindowHistory` and
+the live assignment of its keys; everything below is numpy/pandas and the backtest
+engine of :mod:`rebalance.backtest`, so it is unit-tested without Spark or Airflow.
+
+* :func:`detect`: the run's ``trigger_rule``: ``theta`` (default,
+  :class:`~rebalance.trigger.ThetaTrigger`: a majority of the latest 3 windows exceed
+  ``1 + theta`` under the live assignment) or ``seed004``
+  (:class:`~rebalance.trigger.TriggerPolicy`, rules 1-3; rule 4 needs the plan).
+* :func:`plan_policy`: how the plan is made. The latest third of the windows (at least
+  one, :func:`holdout_windows`) is held out; the load model and ``theta_plan`` are
+  chosen on the windows before it (``load_model`` auto: :func:`rebalance.backtest.choose`
+  within the planning time limit; a named model: :func:`rebalance.backtest.calibrate`
+  for ``theta_plan`` unless the run sets it), so the held-out windows judge a choice
+  that never saw them. Then :func:`rebalance.backtest.holds` plans that way on the
+  windows before the held-out ones and replays the plan and the live assignment on them;
+  :class:`~rebalance.trigger.GainGate` applies the plan only when it lowers the mean
+  realised imbalance by at least ``min_backtest_gain``. ``force`` plans anyway, and the
+  reasons record what was overridden.
+* :func:`forecast_problem`: the planning problem on the forecast of the chosen load model
+  over all the run's windows (the plan that is stored, validated and applied).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..backtest import (
+    BACKTEST_TIME_LIMIT,
+    BacktestError,
+    Policy,
+    WindowHistory,
+    calibrate,
+    choose,
+    default_candidates,
+    holds,
+    window_imbalance,
+)
+from ..forecast import LoadModel, LoadModelError, forecast, scenarios
+from ..model import PlanParams, Problem
+from ..trigger import Decision, GainGate, ThetaTrigger, TriggerPolicy, mldc
+from .params import RunParams
+
+
+def holdout_windows(n_windows: int) -> int:
+    """Windows held out to judge a plan: the latest third, at least one (6 -> 2, 3 -> 1)."""
+    return max(1, int(n_windows) // 3)
+
+
+# ---------------------------------------------------------------------- detect
+def detect(history: WindowHistory, current: np.ndarray, p: RunParams, events: int,
+           periods_since_last: int | None) -> tuple[Decision, dict[str, Any]]:
+    """The trigger decision of the run's ``trigger_rule`` and what it looked at.
+
+    ``current``: the live assignment of ``history.keys``. The facts (JSON-able) name the
+    rule, the imbalance of every window under the live assignment and that of their
+    mean load (seed 004's MLDC is that minus 1).
+    """
+    per_window = window_imbalance(history.loads, current, history.n_instances)
+    mean_imb = float(window_imbalance(history.loads.mean(axis=0), current,
+                                      history.n_instances)[0])
+    if p.trigger_rule == "seed004":
+        # rules 1-3 now; rule 4 needs the candidate plan and is checked by the plan task
+        rules = dataclasses.replace(TriggerPolicy(min_items=int(p.min_events)),
+                                    min_improvement=0.0)
+        decision = rules.decide(mean_imb, int(events), periods_since_last,
+                                predicted_imbalance=1.0, force=p.force)
+    else:
+        decision = ThetaTrigger(theta=p.theta).decide(per_window, force=p.force)
+    facts = {"rule": p.trigger_rule, "imbalance": round(mean_imb, 6),
+             "mldc": round(mldc(mean_imb), 6),
+             "window_imbalance": [round(float(v), 6) for v in per_window],
+             "bound": 1 + p.theta, "events": int(events),
+             "periods_since_last_plan": periods_since_last, "decision": str(decision)}
+    return decision, facts
+
+
+def rule_text(rule: str) -> str:
+    """How a skip names the rule that blocked, and how to plan anyway."""
+    return ("theta trigger" if rule == "theta" else "seed 004 trigger rules") \
+        + "; set force to plan anyway"
+
+
+# ---------------------------------------------------------------------- plan
+@dataclass
+class Planning:
+    """How the run's plan is made and whether it holds (:func:`plan_policy`)."""
+
+    load_model: LoadModel | None        # None: skipped before a model was chosen
+    theta_plan: float
+    decision: Decision                  # trigger: plan; else the reasons it is skipped
+    reasons: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def skip(self) -> bool:
+        return not self.decision.trigger
+
+
+def _policy(model: LoadModel, theta_plan: float | None, method: str, before: int) -> Policy:
+    """The policy that plans with ``model`` on the ``before`` windows ahead of the held-out
+    ones (a model reading every window given reads all of those)."""
+    if model.windows is None and model.name != "seasonal":
+        model = model.with_windows(before)
+    return Policy.of(model, theta_plan=theta_plan, method=method)
+
+
+def backtest_params(p: RunParams) -> PlanParams:
+    """Planner parameters of the plans a backtest makes: the run's theta and table bound,
+    :data:`~rebalance.backtest.BACKTEST_TIME_LIMIT` per plan. Not its migration budget:
+    the run's budget is a share of the state held at the latest window, while a backtest
+    step's state is what its planning windows held; the plan that is stored keeps it."""
+    return PlanParams(theta=float(p.theta), max_table=p.max_table,
+                      time_limit=BACKTEST_TIME_LIMIT)
+
+
+def plan_policy(history: WindowHistory, current: np.ndarray, p: RunParams,
+                time_limit: float) -> Planning:
+    """Choose the load model and ``theta_plan`` and judge the plan on held-out windows
+    (module docstring); ``auto`` chooses within ``time_limit`` seconds (the planner's)."""
+    params = backtest_params(p)
+    theta, n = float(p.theta), history.n_windows
+    reasons: list[str] = []
+    facts: dict[str, Any] = {"windows": n}
+    if n < 2:
+        why = (f"{n} window(s) with events: a plan cannot be judged on windows it was not "
+               "made on (min_windows >= 2 lets every run backtest)")
+        model = LoadModel("mean") if p.model().name == "auto" else p.model()
+        tp = float(p.theta_plan or theta)
+        if not p.force:
+            return Planning(None, tp, Decision(False, [why]), [why], facts)
+        return Planning(model, tp, Decision(True, [why], forced=True),
+                        [f"not backtested (forced): {why}"], facts)
+    hold = holdout_windows(n)
+    cut = n - hold
+    before = history.slice(0, cut)
+    facts.update(holdout=hold, held_out=[str(w) for w in history.window_starts[cut:]])
+    model, tp = _choose(before, current, p, params, time_limit, reasons, facts)
+    if model is None:  # auto found that no plan made on these windows beats staying
+        why = reasons[-1]
+        if not p.force:
+            return Planning(None, theta, Decision(False, [why]), reasons, facts)
+        model = LoadModel("mean")
+        reasons.append(f"forced: planned on the mean of the {n} windows at theta_plan "
+                       f"{tp:g}")
+    policy = _policy(model, tp, p.method, cut)
+    if policy.history > cut:
+        why = (f"load model {model} needs {policy.history} window(s) before the "
+               f"{hold} held-out one(s); the run has {n}")
+        decision = Decision(True, [why], forced=True) if p.force else Decision(False, [why])
+        return Planning(model, tp, decision, [*reasons, why], facts)
+    held = holds(history, policy, theta, holdout=hold, current=current,
+                 min_gain=p.min_backtest_gain, params=params)
+    facts.update(planned=held.plan_imbalance, staying=held.stay_imbalance,
+                 gain=held.stay_imbalance - held.plan_imbalance,
+                 window_rows=[{"window_start": str(r.window_start),
+                               "planned": float(r.plan_imbalance),
+                               "staying": float(r.stay_imbalance)}
+                              for r in held.rows.itertuples()])
+    decision = GainGate(min_gain=p.min_backtest_gain).decide(
+        held.plan_imbalance, held.stay_imbalance, hold, force=p.force)
+    reasons.append(str(decision) if decision.trigger and not decision.forced
+                   else "; ".join(decision.reasons))
+    return Planning(model, tp, decision, reasons, facts)
+
+
+def _choose(before: WindowHistory, current: np.ndarray, p: RunParams, base: PlanParams,
+            time_limit: float, reasons: list[str],
+            facts: dict[str, Any]) -> tuple[LoadModel | None, float]:
+    """Load model and theta_plan from the windows before the held-out ones."""
+    theta = float(p.theta)
+    model = p.model()
+    if model.name == "auto":
+        if before.n_windows < 2:
+            tp = float(p.theta_plan or theta)
+            reasons.append(f"load model mean of the {before.n_windows} window(s) before the "
+                           f"held-out one(s): too few to choose one by backtest; theta_plan "
+                           f"{tp:g}" + (" (set)" if p.theta_plan else " (theta)"))
+            facts["choice"] = "too few windows"
+            return LoadModel("mean"), tp
+        candidates = default_candidates(theta, before.n_windows, before.n_keys, method=p.method)
+        if p.theta_plan is not None:  # the run fixes theta_plan: auto chooses the model only
+            seen = dict.fromkeys(c.load_model for c in candidates)
+            candidates = [Policy.of(m, theta_plan=p.theta_plan, method=p.method) for m in seen]
+        choice = choose(before, theta, time_limit=time_limit, target=p.headroom_target,
+                        candidates=candidates, params=base, initial=current,
+                        min_gain=p.min_backtest_gain)
+        facts["choice"] = _table(choice.table)
+        reasons.append(f"auto: {choice.reason}")
+        if choice.stay:
+            return None, float(p.theta_plan or theta)
+        return choice.policy.load_model, float(choice.theta_plan)
+    if p.theta_plan is not None:
+        reasons.append(f"load model {model}; theta_plan {p.theta_plan:g} (set)")
+        return model, float(p.theta_plan)
+    # A model reading every window given is calibrated reading half of them, so that
+    # the windows before the held-out ones leave some to judge on.
+    policy = _policy(model, None, p.method, max(1, before.n_windows // 2))
+    try:
+        cal = calibrate(before, policy, theta, target=p.headroom_target, params=base,
+                        initial=current)
+    except (BacktestError, LoadModelError) as exc:
+        reasons.append(f"load model {model}; theta_plan {theta:g} (theta: cannot calibrate "
+                       f"on {before.n_windows} window(s): {exc})")
+        return model, theta
+    facts["calibration"] = _table(cal.table)
+    reasons.append(f"load model {model}; {cal.reason}")
+    return model, float(cal.theta_plan)
+
+
+def _table(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    keep = [c for c in ("policy", "theta_plan", "share_within", "mean_imbalance",
+                        "mean_stay_imbalance", "migration_per_step", "windows") if c in frame]
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            for row in frame[keep].to_dict("records")]
+
+
+def forecast_problem(problem: Problem, history: WindowHistory, model: LoadModel) -> Problem:
+    """``problem`` (every key of the run, state and current instance as built by
+    :func:`rebalance.histograms.build_problem`) with the loads of ``model``'s forecast over
+    the run's windows, and its scenarios for ``robust``; keys without events get 0."""
+    at = pd.Index(history.keys).get_indexer(pd.Index(problem.keys.astype(object)))
+    found = at >= 0
+
+    def onto(row: np.ndarray) -> np.ndarray:
+        out = np.zeros(problem.n_keys)
+        out[found] = row[at[found]]
+        return out
+
+    load = onto(forecast(history.loads, model))
+    sc = None
+    if model.name == "robust":
+        sc = np.vstack([onto(r) for r in scenarios(history.loads, model)])
+    return dataclasses.replace(problem, load=load, scenarios=sc)
