@@ -288,7 +288,13 @@ class _Engine:
         sel = (load > 0) | (a != h.default)
         if sc is not None:
             sel |= sc.max(axis=0) > 0
-        params = dataclasses.replace(self.params, theta=float(theta_plan or self.theta))
+        tp = float(theta_plan or self.theta)
+        rows = sc if sc is not None else load[None, :]
+        if (self.params.max_table is None
+                and window_imbalance(rows, a, self.n).max() <= 1 + tp):
+            # every instance is within the bound already: the planners move nothing
+            return a.copy(), float(window_imbalance(rows, a, self.n).max()), 0.0, 0, 0.0
+        params = dataclasses.replace(self.params, theta=tp)
         problem = Problem(keys=h.keys[sel], load=load[sel], state=state[sel], current=a[sel],
                           default=h.default[sel], n_instances=self.n,
                           scenarios=None if sc is None else sc[:, sel])
@@ -296,7 +302,6 @@ class _Engine:
         new = a.copy()
         new[sel] = proposal.assignment
         seconds = time.perf_counter() - t0
-        rows = sc if sc is not None else load[None, :]
         predicted = float(window_imbalance(rows, new, self.n).max())
         moved = new != a
         total = float(state.sum())
@@ -549,8 +554,7 @@ def calibrate(history: WindowHistory, policy: Policy, theta: float, target: floa
 # ------------------------------------------------------------------ auto
 #: Load models auto tries (with W = what each reads); seasonal ones are added when the
 #: history holds two periods (see :func:`default_candidates`).
-AUTO_MODELS = ("mean:windows=1", "mean:windows=3", "ewm:halflife=2,windows=8",
-               "robust:windows=3", "quantile:q=0.75,windows=5")
+AUTO_MODELS = ("mean:windows=1", "ewm:halflife=2,windows=8", "robust:windows=3")
 #: theta_plan values auto tries, as fractions of theta.
 AUTO_HEADROOM = (1.0, 0.5, 0.25)
 #: Seasonal periods (windows) auto tries when the history holds two of them.
@@ -590,17 +594,42 @@ class Choice:
         return self.policy is None
 
 
+#: auto's migration per step at most this multiple of today's planning (mean of the last
+#: window at theta) over the same windows, when today's planning is among the candidates.
+MAX_MIGRATION_RATIO = 1.5
+
+
+def _today(policies: Sequence[Policy], theta: float) -> int | None:
+    """Index of today's planning (mean of the last window, at theta) among ``policies``."""
+    for i, p in enumerate(policies):
+        m = p.load_model
+        if (m.name == "mean" and m.windows == 1 and p.method == "mixed"
+                and (p.theta_plan is None or abs(p.theta_plan - theta) <= 1e-12)):
+            return i
+    return None
+
+
 def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
-          share_slack: float = 0.05, min_gain: float = 0.0) -> tuple[int | None, str]:
+          share_slack: float = 0.05, min_gain: float = 0.0,
+          migration_cap: float | None = None) -> tuple[int | None, str]:
     """Index of the chosen candidate row (None: stay) and why.
 
     Candidates whose share within 1 + theta reaches ``target`` are near-best, else
     those within ``share_slack`` of the best share and within theta / 8 of the lowest
     mean imbalance among them; of those the least migration wins (ties: lower mean
     imbalance). The choice stands only if its mean realised imbalance beats staying's by
-    ``min_gain``."""
+    ``min_gain``. Candidates migrating more than ``migration_cap`` per step are left out
+    (unless that leaves none)."""
     if table.empty:
         return None, "no candidate could be backtested"
+    capped = ""
+    if migration_cap is not None:
+        cheap = table[table["migration_per_step"] <= migration_cap + 1e-12]
+        if len(cheap) < len(table):
+            capped = (f"; {len(table) - len(cheap)} candidate(s) migrating more than "
+                      f"{migration_cap:.2%} per step ({MAX_MIGRATION_RATIO:g}x today's "
+                      "planning) left out")
+        table = cheap if len(cheap) else table
     best_share = float(table["share_within"].max())
     reach = table[table["share_within"] >= target - 1e-12]
     if len(reach):
@@ -616,7 +645,7 @@ def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
     return idx, (f"{row.policy}: {row.share_within:.0%} of {int(row.windows)} backtested windows "
                  f"within 1 + theta = {1 + theta:g} (best candidate {best_share:.0%}), mean "
                  f"realised {row.mean_imbalance:.3f} vs {stay_mean:.3f} staying, migration "
-                 f"{row.migration_per_step:.2%} per step")
+                 f"{row.migration_per_step:.2%} per step{capped}")
 
 
 def choose(history: WindowHistory, theta: float, time_limit: float = 30.0, target: float = 0.9,
@@ -649,7 +678,13 @@ def choose(history: WindowHistory, theta: float, time_limit: float = 30.0, targe
     table = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
     judged = h.loads[start:]
     stay_mean = float(window_imbalance(judged, start_a, h.n_instances).mean())
-    idx, reason = _pick(table, stay_mean, theta, target, min_gain=min_gain)
+    today = _today([p for p in cands if p.name in set(table["policy"])], theta)
+    cap = None
+    if today is not None:
+        tried = [p for p in cands if p.name in set(table["policy"])]
+        cap = MAX_MIGRATION_RATIO * float(
+            table.loc[table["policy"] == tried[today].name, "migration_per_step"].iloc[0])
+    idx, reason = _pick(table, stay_mean, theta, target, min_gain=min_gain, migration_cap=cap)
     if skipped:
         reason += f" ({skipped} candidate(s) not tried: time limit {time_limit:g} s)"
     chosen = None if idx is None else next(p for p in cands if p.name == table.loc[idx, "policy"])
@@ -683,6 +718,7 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
             if np.isnan(realised[i, r[2]]):
                 realised[i, r[2]], stayed[i, r[2]], migr[i, r[2]] = r[4], r[6], r[8]
     limit = 1 + theta + 1e-12
+    today_i = _today(cands, theta)
     out = []
     for pol in policies:
         chain = _Chain(pol.name, "policy", initial, None)
@@ -706,9 +742,11 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
                     "mean_imbalance": r.mean(axis=1),
                     "migration_per_step": m.mean(axis=1),
                     "windows": len(cols)})
+                cap = (None if today_i is None
+                       else MAX_MIGRATION_RATIO * float(np.nanmean(m[today_i])))
                 # staying = not replanning: each candidate's previous assignment on the window
                 idx, why = _pick(table, float(s.mean(axis=1).min()), theta, target,
-                                 min_gain=min_gain)
+                                 min_gain=min_gain, migration_cap=cap)
                 if idx is not None and not r[idx].mean() < s[idx].mean() - min_gain:
                     why = (f"{cands[idx].name}: replanning does not pay (realised "
                            f"{r[idx].mean():.3f} vs {s[idx].mean():.3f} not replanning)")

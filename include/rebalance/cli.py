@@ -24,6 +24,7 @@ from . import __version__
 # module (relative to this package) -> defines add_subcommands(subparsers)
 COMMAND_MODULES: tuple[str, ...] = (
     "plan_cli",
+    "backtest_cli",
     "audit",
     "apply_cli",
     "evaluation.cli",

@@ -39,6 +39,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .backtest_cli import add_plan_arguments, check_plan_arguments, load_for_plan
 from .methods import METHODS
 
 PLAN_FILE = "plan.json"
@@ -74,6 +75,7 @@ def add_subcommands(subparsers) -> None:
                    help="seconds for planners that search (milp, auto); default 10")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output directory for plan.json and assignment.parquet")
+    add_plan_arguments(p)
     p.set_defaults(func=run_plan)
 
 
@@ -98,6 +100,7 @@ def _check_args(args: argparse.Namespace):
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise UserError(f"--time-limit must be a finite number > 0 (seconds), "
                         f"got {args.time_limit}")
+    check_plan_arguments(args)
     check_plan_out(args.out)
 
 
@@ -172,27 +175,32 @@ def _run_plan(args: argparse.Namespace) -> int:
         raise UserError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
     import pyarrow as pa
 
-    from .histograms import read_input
-
     # Arrow's buffers from malloc, like numpy's: memory the input tables free is reused by
     # the arrays built from them (10^7 keys: peak 3.1 -> 2.5 GB; mimalloc keeps its own).
     pa.set_memory_pool(pa.system_memory_pool())
     _no_huge_page_advice()
     t0 = time.perf_counter()
-    problem, summary, keys = read_input(args.histograms, args.instances,
-                                        assignment_path=args.assignment, windows=args.windows)
+    # the load model (auto: chosen by backtest over the windows given) and theta_plan
+    problem, summary, keys, theta_plan, load_model = load_for_plan(args)
     total_state = float(problem.state.sum())
     budget = budget_bytes(args.migration_budget, total_state)
     try:
-        params = PlanParams(theta=float(args.theta), max_table=args.max_table,
+        params = PlanParams(theta=theta_plan, max_table=args.max_table,
                             budget_bytes=budget, time_limit=float(args.time_limit))
     except PlanningError as exc:
         raise UserError(str(exc)) from None
     t1 = time.perf_counter()
-    plan = get_planner(args.method).plan(problem, params)
+    if load_model.get("stay"):
+        from .planners import Proposal, finish_plan
+
+        plan = finish_plan(args.method, problem, params,
+                           Proposal(problem.current, [f"auto: {load_model['reason']}"]), 0.0)
+    else:
+        plan = get_planner(args.method).plan(problem, params)
     t2 = time.perf_counter()
 
     document = plan_document(args, summary, plan, budget)
+    document["load_model"] = _number(load_model)
     frame = _assignment_table(keys, plan)
     timings = {"input_seconds": t1 - t0, "plan_seconds": plan.plan_seconds,
                "planner_wall_seconds": t2 - t1}

@@ -1,0 +1,109 @@
+"""``rebalance plan`` with default options chooses a load model from the windows it is given,
+and ``rebalance backtest`` prints and writes its tables (in-process CLI calls)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rebalance.cli import main
+
+
+def _histograms(path, windows=10, keys=30, seed=5, flip=False):
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(1, 30, keys).round()
+    rows = []
+    for w in range(windows):
+        load = base if not flip else (base if w % 2 == 0 else base[::-1])
+        for k in range(keys):
+            rows.append((pd.Timestamp("2024-01-01") + pd.Timedelta(hours=w), f"key{k:02d}",
+                         int(load[k] * (1 + 0.02 * ((w * 7 + k) % 3 - 1))) + 1,
+                         int(100 + k)))
+    frame = pd.DataFrame(rows, columns=["window_start", "key", "count", "state_bytes"])
+    frame.to_parquet(path)
+    return frame
+
+
+def test_plan_default_chooses_a_load_model_and_records_why(tmp_path, capsys):
+    hist = tmp_path / "h.parquet"
+    _histograms(hist)
+    out = tmp_path / "plan"
+    assert main(["plan", "--histograms", str(hist), "--instances", "4", "--out", str(out)]) == 0
+    doc = json.loads((out / "plan.json").read_text())
+    lm = doc["load_model"]
+    assert lm["requested"] == "auto"
+    assert lm["windows_backtested"] == 10
+    assert lm["chosen"] != "auto" and lm["reason"]
+    assert 0 < lm["theta_plan"] <= 0.08
+    assert len(lm["candidates"]) >= 3
+    assert all("share_within" in c for c in lm["candidates"])
+    if not lm["stay"]:
+        assert doc["metrics"]["imbalance_after"] <= 1 + lm["theta_plan"] + 1e-6
+    assert "plan auto" in capsys.readouterr().out
+
+
+def test_plan_with_one_window_falls_back_to_todays_mean(tmp_path):
+    hist = tmp_path / "h.parquet"
+    _histograms(hist, windows=1)
+    out = tmp_path / "plan"
+    assert main(["plan", "--histograms", str(hist), "--instances", "4", "--out", str(out)]) == 0
+    lm = json.loads((out / "plan.json").read_text())["load_model"]
+    assert lm["chosen"] == "mean:windows=1" and "too few to backtest" in lm["reason"]
+    assert lm["theta_plan"] == 0.08
+
+
+def test_plan_explicit_model_and_theta_plan(tmp_path):
+    hist = tmp_path / "h.parquet"
+    _histograms(hist)
+    out = tmp_path / "plan"
+    assert main(["plan", "--histograms", str(hist), "--instances", "4", "--out", str(out),
+                 "--load-model", "robust:windows=3", "--theta-plan", "0.02"]) == 0
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["load_model"]["chosen"] == "robust:windows=3"
+    assert doc["load_model"]["theta_plan"] == 0.02
+    assert doc["input"]["windows_used"] == 3
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--load-model", "median"], "--load-model: load model 'median'"),
+    (["--theta-plan", "0.5"], "--theta-plan must be in (0, --theta = 0.08]"),
+    (["--headroom-target", "2"], "--headroom-target must be a share in (0, 1]"),
+])
+def test_plan_refuses_bad_load_model_options(tmp_path, capsys, extra, message):
+    hist = tmp_path / "h.parquet"
+    _histograms(hist, windows=2)
+    out = tmp_path / "plan"
+    code = main(["plan", "--histograms", str(hist), "--instances", "4", "--out", str(out), *extra])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+    assert not out.exists()
+
+
+def test_backtest_command_prints_and_writes(tmp_path, capsys):
+    hist = tmp_path / "h.parquet"
+    _histograms(hist, windows=8)
+    out = tmp_path / "bt"
+    code = main(["backtest", str(hist), "--instances", "4", "--theta", "0.1",
+                 "--policies", "mean:windows=1", "mean:windows=1@0.025", "robust:windows=2",
+                 "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    for name in ("mean:windows=1@0.025", "robust:windows=2", "none", "stay", "oracle",
+                 "distribution-oracle"):
+        assert name in printed
+    steps = pd.read_csv(out / "steps.csv")
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(steps["policy"]) >= {"mean:windows=1", "stay", "oracle"}
+    assert (summary.set_index("policy").loc["oracle", "share_within"]) == 1.0
+    assert (out / "imbalance.png").stat().st_size > 1000
+
+
+def test_backtest_command_refuses_a_bad_policy(tmp_path, capsys):
+    hist = tmp_path / "h.parquet"
+    _histograms(hist, windows=3)
+    code = main(["backtest", str(hist), "--instances", "4", "--theta", "0.1",
+                 "--policies", "mean@x"])
+    assert code == 2
+    assert "theta_plan 'x' is not a number" in capsys.readouterr().err
