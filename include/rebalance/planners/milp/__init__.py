@@ -43,6 +43,11 @@ class MilpPlanner(Planner):
     cover_bound = True
 
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
+        if problem.scenarios is not None:
+            from .robust import robust_milp
+
+            assignment, notes = robust_milp(problem, params)
+            return Proposal(assignment, notes)
         deadline = time.perf_counter() + params.time_limit
         start, start_note = _start_assignment(problem, params)
         if problem.n_keys == 0 or float(problem.load.sum()) <= 0:
