@@ -26,12 +26,37 @@ def is_delta(path: Path) -> bool:
     return path.is_dir() and (path / "_delta_log").is_dir()
 
 
+def check_input_path(path: Path, what: str) -> None:
+    """Refuse, in one accurate line, a path that is missing, unreadable (a symlink loop,
+    no permission) or neither a regular file nor a folder (a FIFO would block the read
+    for ever, a device never ends)."""
+    import errno
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise InputError(f"{what} path {path} is a symbolic link to "
+                             f"{os.readlink(path)!r}, which does not exist") from None
+        raise InputError(f"{what} path not found: {path}") from None
+    except OSError as exc:
+        reason = ("a symbolic link loop" if exc.errno == errno.ELOOP
+                  else exc.strerror or str(exc))
+        raise InputError(f"{what} path {path} cannot be read: {reason}") from None
+    if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+        return
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+    raise InputError(f"{what} path {path} is {kind}, not a regular file or folder")
+
+
 def read_histogram_table(path: str | Path):
     """Rows of a Delta table directory (a pandas frame, merged per (window, key) by Spark),
     a Parquet file/directory or a CSV file (a pyarrow table of the columns used)."""
     path = Path(path)
-    if not path.exists():
-        raise InputError(f"histograms path not found: {path}")
+    check_input_path(path, "histograms")
     if is_delta(path):
         return _read_delta(path)
     if path.is_file() and path.suffix.lower() == ".csv":
@@ -135,6 +160,8 @@ def _read_parquet(path: Path, what: str, columns):
             files = [path]
         tables = []
         for f in files:
+            if not f.is_file():  # a FIFO would block, a device never ends
+                raise ValueError(f"{f.name} is not a regular file")
             pf = pq.ParquetFile(f)
             present = [c for c in columns if c in pf.schema_arrow.names]
             tables.append(pf.read(columns=present or None))
@@ -152,23 +179,55 @@ def _read_csv(path: Path, what: str, columns, key_column: str):
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
+    names: list[str] = []
     try:
         with open(path, "rb") as fh:
             header = fh.readline()
-        names = [c.strip().strip('"') for c in header.decode("utf-8").rstrip("\r\n").split(",")]
+        try:  # utf-8-sig: a byte order mark (spreadsheets write one) is not in a name
+            text = header.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"cannot read {what} {path} as CSV: its header (line 1) is not "
+                             f"UTF-8 text (byte {header[exc.start]:#04x} at offset "
+                             f"{exc.start})") from None
+        names = [c.strip().strip('"') for c in text.rstrip("\r\n").split(",")]
         include = [c for c in columns if c in names]
         options = pcsv.ConvertOptions(column_types={key_column: pa.string()},
                                       include_columns=include or None)
         return pcsv.read_csv(path, convert_options=options)
+    except InputError:
+        raise
     except Exception as exc:  # noqa: BLE001
-        raise InputError(f"cannot read {what} {path} as CSV: {first_line(exc)}") from None
+        message = first_line(exc)
+        if "invalid UTF8" in message:
+            raise InputError(_utf8_message(path, what, message, names)) from None
+        raise InputError(f"cannot read {what} {path} as CSV: {message}") from None
+
+
+def _utf8_message(path: Path, what: str, message: str, names: list[str]) -> str:
+    """pyarrow's "In CSV column #1: ... invalid UTF8 data", with the column's name and
+    the first line that is not UTF-8."""
+    import re
+
+    match = re.search(r"column #(\d+)", message)
+    column = ""
+    if match and int(match.group(1)) < len(names):
+        column = f" column {names[int(match.group(1))]!r}"
+    line_no = None
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                line_no = n
+                break
+    where = f" (line {line_no})" if line_no else ""
+    return f"cannot read {what} {path} as CSV:{column} holds text that is not UTF-8{where}"
 
 
 def read_assignment_table(path: str | Path):
     """A current assignment file (Parquet or CSV, columns ``key`` and ``instance``)."""
     path = Path(path)
-    if not path.exists():
-        raise InputError(f"assignment path not found: {path}")
+    check_input_path(path, "assignment")
     if path.is_file() and path.suffix.lower() == ".csv":
         return _read_csv(path, "assignment", ("key", "instance"), key_column="key")
     return _read_parquet(path, "assignment", ("key", "instance"))

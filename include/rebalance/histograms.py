@@ -75,6 +75,12 @@ from .placement import group_instances, key_groups
 #: beyond it (a cost of 1e308 overflows the sum to inf) metrics become NaN or meaningless.
 #: 2^53 bytes is 9 PB of state, 2^53 ns of cost 104 days per window.
 MAX_TOTAL = float(2 ** 53)
+#: Largest windows x keys matrix built (2^27 cells, 1 GiB of float64). A problem keeps its
+#: per-window load series (``Problem.load_series``, used by CLB only) up to it; beyond it
+#: the load comes from the rows directly and the series is omitted (CLB then falls back
+#: to ELB), so 10^6 keys x 2 000 windows plans without a 15 GiB matrix. A replay
+#: (:func:`window_matrices`) needs two such matrices and is refused above it.
+MAX_SERIES_CELLS = 2 ** 27
 
 
 # ------------------------------------------------------------------- columns
@@ -394,7 +400,12 @@ def _build(frame, n_instances: int, assignment, windows: int):
         ki, wi = agg.row_key[sel], agg.row_window[sel] - first
         cost, count, state_rows = rows.cost[sel], rows.count[sel], rows.state_bytes[sel]
     # (window, key) duplicates: costs add up in the bincount, the state takes the max
-    series = np.bincount(wi * k + ki, weights=cost, minlength=w * k).reshape(w, k)
+    if w * k <= MAX_SERIES_CELLS:
+        series = np.bincount(wi * k + ki, weights=cost, minlength=w * k).reshape(w, k)
+        load = series.sum(axis=0) / w
+    else:  # no dense windows x keys matrix: the mean per window straight from the rows
+        series = None
+        load = np.bincount(ki, weights=cost, minlength=k) / w
     latest, state = _latest_state(k, ki, wi, state_rows)
 
     groups = key_groups(agg.keys)
@@ -404,7 +415,7 @@ def _build(frame, n_instances: int, assignment, windows: int):
     if assign is not None and len(agg.assigned):
         current[agg.assigned] = assign[1]
         n_listed = len(agg.assigned)
-    problem = Problem(keys=python_strings(agg.keys), load=series.sum(axis=0) / w,
+    problem = Problem(keys=python_strings(agg.keys), load=load,
                       state=state, current=current, default=default, n_instances=n_instances,
                       load_series=series, key_group=groups)
     histogram_keys = np.zeros(k, dtype=bool)
@@ -426,6 +437,9 @@ def _build(frame, n_instances: int, assignment, windows: int):
         "load": "mean cost per window over the planned windows",
         "state": "state_bytes of the latest planned window the key appears in",
     }
+    if series is None:
+        summary["load_series"] = (f"omitted: {w} windows x {k} keys = {w * k} cells, above "
+                                  f"{MAX_SERIES_CELLS} (CLB falls back to ELB)")
     return problem, summary, agg.keys
 
 
@@ -446,6 +460,12 @@ def window_matrices(frame, n_instances: int) -> dict[str, Any]:
     n_instances = check_instances(n_instances)
     agg = _aggregate(frame)
     k, w = len(agg.keys), len(agg.windows)
+    if w * k > MAX_SERIES_CELLS:
+        raise InputError(f"histograms hold {w} windows x {k} keys = {w * k} cells: a replay "
+                         f"keeps two dense windows x keys matrices ({16 * w * k / 2 ** 30:.1f} "
+                         f"GiB), above the limit of {MAX_SERIES_CELLS} cells "
+                         f"({16 * MAX_SERIES_CELLS / 2 ** 30:.0f} GiB): replay fewer windows "
+                         "or keys")
     flat = agg.row_window * k + agg.row_key
     load = np.bincount(flat, weights=agg.rows.cost, minlength=w * k).reshape(w, k)
     state = np.zeros(w * k)
