@@ -118,6 +118,10 @@ def check_plan_out(text: str) -> None:
     out = Path(os.path.abspath(text))
     if out == out.parent:
         raise UserError(f"--out {text} is the file system's root")
+    cwd = Path(os.getcwd())
+    if out == cwd or out in cwd.parents:
+        raise UserError(f"--out {text} holds the current directory, which the plan's folder "
+                        "would replace: name a folder for the plan alone")
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UserError(f"--out {text} exists and is not a directory")
     for name in (PLAN_FILE, ASSIGNMENT_FILE):
