@@ -98,7 +98,7 @@ def scenario(spark, kafka_broker, tmp_path_factory) -> dict:
     job = RestartableJob(spark, config)
     job.start()
     feeder = Feeder(lambda b: produce_batches(spark, gen, [b], broker.bootstrap, TOPIC),
-                    first=2, period=2.0, limit=10_000)  # no limit: a wait needs new events
+                    first=2, period=1.5, limit=10_000)  # no limit: a wait needs new events
     feeder.start()
     generations, requests, during = [job.generation], [], []
     try:

@@ -141,8 +141,10 @@ def scenario(spark, tmp_path_factory) -> Scenario:
     append_batches(spark, gen, range(2), root)
     job = RestartableJob(spark, config)
     job.start()
-    feeder = Feeder(lambda b: append_batches(spark, gen, [b], root), first=2, period=2.5,
-                    limit=80)
+    # A batch every 1.5 s, no limit: a wait for commits needs new events, and on a loaded
+    # machine the scenario takes longer than any fixed number of batches would last.
+    feeder = Feeder(lambda b: append_batches(spark, gen, [b], root), first=2, period=1.5,
+                    limit=10_000)
     feeder.start()
     plans, statuses, generations = [], [], [job.generation]
     try:
