@@ -554,27 +554,30 @@ def calibrate(history: WindowHistory, policy: Policy, theta: float, target: floa
 # ------------------------------------------------------------------ auto
 #: Load models auto tries (with W = what each reads); seasonal ones are added when the
 #: history holds two periods (see :func:`default_candidates`).
-AUTO_MODELS = ("mean:windows=1", "ewm:halflife=2,windows=8", "robust:windows=3")
+AUTO_MODELS = ("mean:windows=1", "ewm:halflife=2,windows=8", "robust:windows=3",
+               "robust:windows=7", "robust:windows=14")
 #: theta_plan values auto tries, as fractions of theta.
-AUTO_HEADROOM = (1.0, 0.5, 0.25)
+AUTO_HEADROOM = (1.0, 0.5)
 #: Seasonal periods (windows) auto tries when the history holds two of them.
 AUTO_PERIODS = (7, 24)
 
 
 def default_candidates(theta: float, n_windows: int, n_keys: int | None = None,
                        method: str = "mixed") -> list[Policy]:
-    """The policies auto compares: :data:`AUTO_MODELS` (and a seasonal model per period of
-    :data:`AUTO_PERIODS` the windows cover twice) at each of :data:`AUTO_HEADROOM`."""
+    """The policies auto compares: :data:`AUTO_MODELS` whose history leaves at least half
+    of ``n_windows`` to judge on (and a seasonal model per period of
+    :data:`AUTO_PERIODS` the windows cover twice), each at :data:`AUTO_HEADROOM`."""
     models = [LoadModel.parse(m) for m in AUTO_MODELS]
     for p in AUTO_PERIODS:
         if n_windows >= 2 * p + 2:
             models.append(LoadModel("seasonal", windows=p, period=p))
     out = []
     for m in models:
-        if history_needed(m) > max(n_windows - 2, 1):
+        need = history_needed(m)
+        if need > 1 and need > n_windows // 2:
             continue
         for f in AUTO_HEADROOM:
-            out.append(Policy.of(m, theta_plan=theta * f, method=method))
+            out.append(Policy.of(m, theta_plan=None if f == 1.0 else theta * f, method=method))
     return out
 
 
@@ -639,12 +642,13 @@ def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
         near = near[near["mean_imbalance"] <= float(near["mean_imbalance"].min()) + theta / 8]
     row = near.sort_values(["migration_per_step", "mean_imbalance"], kind="stable").iloc[0]
     idx = int(row.name)
-    if not row.mean_imbalance < stay_mean - min_gain:
+    if math.isfinite(stay_mean) and not row.mean_imbalance < stay_mean - min_gain:
         return None, (f"plans made on these windows do not hold: backtested realised "
                       f"{row.mean_imbalance:.3f} ({row.policy}) vs {stay_mean:.3f} staying")
+    versus = f" vs {stay_mean:.3f} staying" if math.isfinite(stay_mean) else ""
     return idx, (f"{row.policy}: {row.share_within:.0%} of {int(row.windows)} backtested windows "
                  f"within 1 + theta = {1 + theta:g} (best candidate {best_share:.0%}), mean "
-                 f"realised {row.mean_imbalance:.3f} vs {stay_mean:.3f} staying, migration "
+                 f"realised {row.mean_imbalance:.3f}{versus}, migration "
                  f"{row.migration_per_step:.2%} per step{capped}")
 
 
@@ -694,7 +698,7 @@ def choose(history: WindowHistory, theta: float, time_limit: float = 30.0, targe
 
 def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizon: int,
               initial: np.ndarray, candidates: Sequence[Policy] | None = None,
-              lookback: int = 28, min_evidence: int = 3, target: float = 0.9,
+              lookback: int = 56, min_evidence: int = 7, target: float = 0.9,
               min_gain: float = 0.0) -> list[_Chain]:
     """The ``auto`` policies of a backtest: at every step, the candidates' own backtest on
     the judged windows before it (at most ``lookback``) chooses the load model and
@@ -744,9 +748,8 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
                     "windows": len(cols)})
                 cap = (None if today_i is None
                        else MAX_MIGRATION_RATIO * float(np.nanmean(m[today_i])))
-                # staying = not replanning: each candidate's previous assignment on the window
-                idx, why = _pick(table, float(s.mean(axis=1).min()), theta, target,
-                                 min_gain=min_gain, migration_cap=cap)
+                idx, why = _pick(table, math.inf, theta, target, migration_cap=cap)
+                # staying = not replanning: the candidate's previous assignment on the window
                 if idx is not None and not r[idx].mean() < s[idx].mean() - min_gain:
                     why = (f"{cands[idx].name}: replanning does not pay (realised "
                            f"{r[idx].mean():.3f} vs {s[idx].mean():.3f} not replanning)")

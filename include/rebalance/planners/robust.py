@@ -13,7 +13,8 @@ instance fits when every row of its normalised load is <= 1 (a vector bin).
   breaks) until it fits; (III) place the detached keys, heaviest (largest normalised
   load in any scenario) first: back where they came from when that fits, else on the
   fitting instance with the lowest peak (its largest normalised load over the
-  scenarios) after the key, else ADJUST: on instances in increasing peak, swap out
+  scenarios) after the key, else ADJUST: on the CANDIDATE_INSTANCES instances of
+  lowest peak, in increasing peak, swap out
   strictly lighter keys in psi order until key and instance fit; a key nothing takes
   goes where the peak after it is least. A final pass moves keys off the worst instance
   while that lowers the worst peak (the bound may be unreachable).
@@ -37,6 +38,9 @@ from ..tolerance import LOAD_TOL
 
 #: Loop cap of LLFD per candidate key (as :mod:`rebalance.planners.llfd`).
 LOOP_CAP_PER_KEY = 20
+#: ADJUST and the exchanges look at this many instances, those with the lowest peak
+#: (the backtest plans hundreds of times; the others rarely have room).
+CANDIDATE_INSTANCES = 8
 
 
 def normalised(problem: Problem, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -149,7 +153,7 @@ def _adjust(st: _State, k: int, key_peak: np.ndarray, problem: Problem, params: 
     keys, taken in gamma order, make room for k in every scenario; they go back to C."""
     y = st.y
     peaks = st.peaks()
-    for d in np.argsort(peaks, kind="stable").tolist():
+    for d in np.argsort(peaks, kind="stable")[:CANDIDATE_INSTANCES].tolist():
         if not st.active[d]:
             break
         need = st.loads[:, d] + y[:, k] - 1.0
@@ -222,7 +226,7 @@ def _best_swap(st: _State, src: int, on: np.ndarray, peak: float) -> tuple[int, 
     y = st.y
     best = None
     ys = y[:, on]                                                   # S x |on|
-    for d in np.argsort(st.peaks(), kind="stable").tolist():
+    for d in np.argsort(st.peaks(), kind="stable")[:CANDIDATE_INSTANCES + 1].tolist():
         if d == src or not st.active[d]:
             continue
         other = np.flatnonzero((st.a == d) & (y.max(axis=0) > 0))
