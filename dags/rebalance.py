@@ -3,14 +3,17 @@
 
 Every interval (default every 10 minutes, `REBALANCE_SCHEDULE`) this DAG reads the
 per-key histograms the streaming job stored in Delta for the run's data interval,
-decides with the trigger rules of seed 004 whether the job is imbalanced, computes a
-new assignment with the chosen planner, checks it with Great Expectations, publishes
-it as a new assignment version, optionally waits for a person's approval, makes it
-live, and verifies the prediction on the next window(s).
+decides whether the job exceeds its bound `1 + theta` (most of the latest 3 windows, under
+the live assignment), chooses a load model and a planning bound `theta_plan` by backtest,
+plans on the forecast only when such plans beat keeping the live assignment on held-out
+recent windows, checks the plan with Great Expectations, publishes it as a new assignment
+version, optionally waits for a person's approval, makes it live, and verifies that the
+next window(s) stay within `1 + theta`.
 
 `windows -> detect -> plan -> validate -> publish -> (approve) -> apply -> (await_restart) -> verify`
 
-* A skipped task says why in its log (too few windows or events, balanced, not worth it).
+* A skipped task says why in its log (too few windows or events, within the bound, plans
+  that would not hold: "backtested realised 1.49 vs 1.46 staying").
 * A plan failing validation is stored as **rejected** and the run fails; nothing is applied.
 * **Backfill** runs store what-if plans only; the live assignment is never touched.
 * Re-running any task gives the same plan id and adds no Delta version.
@@ -53,14 +56,17 @@ def rebalance():
 
     @task
     def detect(windows: dict) -> dict:
-        """Seed 004 trigger rules on the current assignment (MLDC > 0.5, enough events,
-        no plan live in the last 3 periods); skip when balanced unless `force`."""
+        """`trigger_rule` theta: most of the latest 3 windows exceed 1 + theta under the live
+        assignment (seed004: imbalance > 1.5, enough events, no plan live in the last 3
+        periods); skip when within the bound unless `force`."""
         return tasks.detect(windows)
 
     @task
     def plan(detected: dict) -> dict:
-        """Compute the new assignment with the chosen `method` and store it as proposed;
-        skip when it improves MLDC by no more than 0.3 unless `force`."""
+        """Choose the load model and theta_plan by backtest on the windows before the latest
+        third; skip unless a plan made that way beats keeping the live assignment on that
+        held-out third by `min_backtest_gain` (or `force`). Then plan with `method` on the
+        forecast at theta_plan and store it as proposed."""
         return tasks.plan(detected)
 
     @task
@@ -87,7 +93,10 @@ def rebalance():
         body=("{% set p = ti.xcom_pull(task_ids='publish')['plan'] %}"
               "**{{ p.method }}** plan `{{ p.plan_id }}` over assignment "
               "v{{ p.base_assignment_version }}: imbalance {{ '%.3f' % p.imbalance_before }} "
-              "-> {{ '%.3f' % p.predicted_imbalance }} predicted; {{ p.moved_keys }} key(s) "
+              "-> {{ '%.3f' % p.predicted_imbalance }} predicted"
+              "{% if p.backtested_imbalance is not none %} ({{ '%.3f' % p.backtested_imbalance }}"
+              " backtested on held-out windows, load model {{ p.load_model }}, theta_plan "
+              "{{ p.theta_plan }}){% endif %}; {{ p.moved_keys }} key(s) "
               "move ({{ '%.2f' % (100 * p.migration_fraction) }} % of the state).\n\n"
               "Loads before and after, moved keys, validation and Delta commits: "
               "[Rebalance view](/rebalance/plans/{{ p.plan_id }})."),
@@ -119,7 +128,7 @@ def rebalance():
     @task.sensor(poke_interval=10, timeout=dt.timedelta(hours=2), mode="poke")
     def verify(applied: dict) -> PokeReturnValue:
         """Wait for the next window(s) under the new assignment and record the realised
-        imbalance on the plan; fail when it does not match the prediction."""
+        imbalance on the plan; fail when it exceeds 1 + theta + `verify_tolerance`."""
         return PokeReturnValue(**rollout.verify(applied))
 
     published = publish(validate(plan(detect(windows()))))

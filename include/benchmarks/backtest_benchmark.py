@@ -189,6 +189,38 @@ def run_trace(name: str, quick: bool, method: str, calibration_share: float, dir
                              backtest=round(run_s, 1)))
 
 
+#: Issue 19's figures on its first trace (N = 16, theta = 0.08, the CLI's default planner
+#: auto): share within and mean realised imbalance of plans on the last 1, 3, 7 windows,
+#: and the mean imbalance of no plans.
+ISSUE_FIGURES = {"last-1": (0.17, 1.143), "last-3": (0.20, None), "last-7": (0.00, 1.158),
+                 "none": (None, 2.64)}
+ISSUE_JUDGED = 30
+
+
+def issue_check(directory: Path, method: str = "auto") -> list[dict]:
+    """Issue 19's measurement again on nyc-dest: plans on the last W = 1, 3, 7 windows,
+    chained from the default placement, each judged on the next window, over the first
+    ``ISSUE_JUDGED`` judged windows of 2013 (windows W .. W + 29), planner ``method``."""
+    from rebalance.backtest import Policy, WindowHistory, backtest
+
+    trace = trace_lib.TRACES["nyc-dest"]
+    frame = trace_lib.load("nyc-dest", directory)
+    history = WindowHistory.from_counts(frame, n_instances=trace.n_instances)
+    rows = []
+    for w in (1, 3, 7):
+        pol = Policy.of(f"mean:windows={w}", method=method, name=f"last-{w}")
+        res = backtest(history.slice(0, w + ISSUE_JUDGED), [pol], trace.theta, start=w,
+                       baselines=("none",), baseline_method=method)
+        for name in (pol.name, "none"):
+            r = _row(res.summary, name)
+            rows.append(dict(policy=name, judged=f"windows {w}..{w + ISSUE_JUDGED - 1}",
+                             share_within=float(r["share_within"]),
+                             mean_imbalance=float(r["mean_imbalance"]),
+                             p90_imbalance=float(r["p90_imbalance"]),
+                             issue=ISSUE_FIGURES.get(name)))
+    return rows
+
+
 def format_table(res: dict) -> str:
     s = res["summary"]
     lines = [f"{'policy':28} {'theta_plan':>10} {'within':>7} {'mean':>7} {'p90':>7} "
@@ -277,7 +309,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-share", type=float, default=0.25,
                    help="share of the windows calibration sees; judging starts after them")
     p.add_argument("--dir", type=Path, default=trace_lib.DEFAULT_DIR, help="archives folder")
+    p.add_argument("--issue-check", action="store_true",
+                   help="only reproduce issue 19's measured figures on nyc-dest (planner auto)")
     args = p.parse_args(argv)
+    if args.issue_check:
+        try:
+            rows = issue_check(args.dir)
+        except trace_lib.TraceError as exc:
+            print(f"backtest_benchmark: {exc}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(rows, indent=1))
+            return 0
+        print(f"issue 19's first trace again: nyc-dest, N = 16, theta = 0.08, planner auto, "
+              f"{ISSUE_JUDGED} judged windows per policy")
+        for r in rows:
+            issue = r["issue"] or (None, None)
+            said = ", ".join(x for x in (
+                f"{issue[0]:.0%} within" if issue[0] is not None else "",
+                f"mean {issue[1]:.3f}" if issue[1] is not None else "") if x) or "-"
+            print(f"  {r['policy']:7} {r['judged']:15} within {r['share_within']:6.1%}  mean "
+                  f"{r['mean_imbalance']:.3f}  p90 {r['p90_imbalance']:.3f}   issue: {said}")
+        return 0
     names = [t.strip() for t in args.traces.split(",") if t.strip()]
     unknown = [t for t in names if t not in trace_lib.TRACES]
     if unknown or not names:

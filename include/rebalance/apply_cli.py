@@ -115,7 +115,8 @@ def check_plan_document(document: Any, where: Path) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise UserError(f"{where} must hold a JSON object, got {type(document).__name__}: "
                         "not a plan written by `rebalance plan --out`")
-    if document.get("format_version") != FORMAT_VERSION:
+    if not (_is_int(document.get("format_version"))
+            and document["format_version"] == FORMAT_VERSION):  # not true, not 1.0
         raise UserError(f"{where}: format_version {document.get('format_version')!r}, "
                         f"expected {FORMAT_VERSION}")
     for name in ("assignment_file", "parameters", "metrics"):

@@ -39,7 +39,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .backtest_cli import add_plan_arguments, check_plan_arguments, load_for_plan
+from .load_model_cli import add_plan_arguments, check_plan_arguments, load_for_plan
 from .methods import METHODS
 
 PLAN_FILE = "plan.json"
@@ -66,8 +66,10 @@ def add_subcommands(subparsers) -> None:
                    help="imbalance bound: every instance load <= (1 + T) * mean (default 0.08)")
     p.add_argument("--max-table", type=int, default=None, metavar="A",
                    help="largest routing table (keys off their default placement); default none")
-    p.add_argument("--windows", type=int, default=1, metavar="W",
-                   help="plan over the last W histogram windows (default 1)")
+    p.add_argument("--windows", type=int, default=None, metavar="W",
+                   help="plan over the last W histogram windows (default 1, or what "
+                        "--load-model auto chooses; given with auto, every model auto tries "
+                        "reads W windows)")
     p.add_argument("--migration-budget", type=float, default=None, metavar="B",
                    help="largest migration: a fraction of the total state if B <= 1, "
                         "else bytes (default none)")
@@ -90,7 +92,7 @@ def _check_args(args: argparse.Namespace):
                         f"placement), got {args.instances}")
     if not (math.isfinite(args.theta) and args.theta > 0):
         raise UserError(f"--theta must be a number > 0, got {args.theta}")
-    if args.windows < 1:
+    if args.windows is not None and args.windows < 1:
         raise UserError(f"--windows must be >= 1, got {args.windows}")
     if args.max_table is not None and args.max_table < 0:
         raise UserError(f"--max-table must be >= 0, got {args.max_table}")

@@ -47,6 +47,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import processes
 from .paths import REPO_ROOT, data_dir, jars_dir
 
 HOST = "127.0.0.1"
@@ -284,11 +285,12 @@ def _connect_server(s: Settings, env: dict[str, str]) -> Component:
 # ------------------------------------------------------------------ process records
 @dataclass
 class Record:
-    """What ``up`` recorded of a started process."""
+    """What ``up`` recorded of a started process (``started``: its start time, which tells
+    a recycled pid from ours)."""
 
     name: str
     pid: int
-    start_ticks: int
+    started: float
     argv: list[str]
     log: str
     started_at: float
@@ -296,54 +298,19 @@ class Record:
     @classmethod
     def load(cls, path: Path) -> Record | None:
         try:
-            return cls(**json.loads(path.read_text()))
+            data = json.loads(path.read_text())
+            if "start_ticks" in data:  # written by an earlier version
+                data["started"] = processes.from_ticks(data.pop("start_ticks"))
+            return cls(**data)
         except (OSError, ValueError, TypeError):
             return None
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks (tells a recycled pid from ours)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[19])
-
-
 def alive(record: Record) -> bool:
     """The recorded process still runs (same pid and start time, not a zombie)."""
-    return _start_ticks(record.pid) == record.start_ticks and _running(record.pid)
-
-
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc), deepest last."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _group_members(pgid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == pgid:
-                    out.append(int(entry.name))
-            except OSError:
-                continue
-    return out
+    started = processes.start_time(record.pid)
+    return (started is not None and abs(started - record.started) < 0.005
+            and processes.running(record.pid))
 
 
 # ------------------------------------------------------------------------ the service
@@ -429,13 +396,13 @@ class Service:
             proc = subprocess.Popen(comp.argv, stdout=fh, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=comp.env, cwd=str(REPO_ROOT),
                                     start_new_session=True)
-        ticks = None
+        started = None
         for _ in range(50):
-            ticks = _start_ticks(proc.pid)
-            if ticks is not None:
+            started = processes.start_time(proc.pid)
+            if started is not None:
                 break
             time.sleep(0.02)
-        rec = Record(comp.name, proc.pid, int(ticks or 0), comp.argv, str(log), time.time())
+        rec = Record(comp.name, proc.pid, started or 0.0, comp.argv, str(log), time.time())
         tmp = self.record_path(comp.name).with_suffix(".tmp")
         tmp.write_text(json.dumps(dataclasses.asdict(rec)))
         tmp.replace(self.record_path(comp.name))
@@ -500,16 +467,17 @@ class Service:
         return stopped
 
     def _stop(self, rec: Record, first_signal: int) -> None:
-        tree = [rec.pid, *_children(rec.pid)]
-        _signal(tree + _group_members(rec.pid), first_signal)
+        group = processes.group_members
+        tree = [rec.pid, *processes.descendants(rec.pid)]
+        processes.send(tree + group(rec.pid), first_signal)
         if first_signal != signal.SIGTERM:
-            _wait_gone([rec.pid], STOP_GRACE_SECONDS / 2)
-            tree = [rec.pid, *_children(rec.pid)] if alive(rec) else tree
-            _signal(tree + _group_members(rec.pid), signal.SIGTERM)
-        left = _wait_gone(tree + _group_members(rec.pid), STOP_GRACE_SECONDS)
+            processes.wait_gone([rec.pid], STOP_GRACE_SECONDS / 2)
+            tree = [rec.pid, *processes.descendants(rec.pid)] if alive(rec) else tree
+            processes.send(tree + group(rec.pid), signal.SIGTERM)
+        left = processes.wait_gone(tree + group(rec.pid), STOP_GRACE_SECONDS)
         if left:
-            _signal(left + _group_members(rec.pid), signal.SIGKILL)
-            _wait_gone(left, 5.0)
+            processes.send(left + group(rec.pid), signal.SIGKILL)
+            processes.wait_gone(left, 5.0)
 
     # ------------------------------------------------------------------- status
     def status(self) -> dict[str, str]:
@@ -532,31 +500,6 @@ class Service:
             return "admin", json.loads(path.read_text()).get("admin")
         except (OSError, ValueError):
             return "admin", None
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in dict.fromkeys(pids):
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _wait_gone(pids: list[int], seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    left = list(dict.fromkeys(pids))
-    while left and time.monotonic() < deadline:
-        left = [p for p in left if _running(p)]
-        time.sleep(0.2)
-    return [p for p in left if _running(p)]
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _port_open(port: int) -> bool:

@@ -12,19 +12,30 @@
   the generator's own Spark took about 3 minutes for 8 batches).
 * :class:`Proc`: a process started in its own process group, its log in a file, stopped or
   killed (SIGKILL of the whole group: the Python driver, its JVM and Python workers).
+* :func:`service`: the one service stack (``make up``'s processes, :class:`ServiceStack`)
+  of a test session, shared by ``test_service.py`` and ``test_service_faults.py``, on
+  test-sized time constants; :func:`quiet` / :func:`scheduled`: the DAG's schedule a test
+  needs (no scheduled run, or one every 30 s).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime as dt
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
+
+import pytest
+
+from rebalance.service import Service
 
 
 def free_port() -> int:
@@ -316,3 +327,228 @@ for spec in sys.argv[1:]:
         line = str(exc).replace("\n", " ")
         print(f"RESULT {run_id} {type(exc).__name__} {line}", flush=True)
 '''
+
+
+# ------------------------------------------------------------- the shared service stack
+DAG = "rebalance"
+#: The schedule while a test wants the scheduler to plan on its own: a run every 30 s,
+#: whose data interval holds the 6 windows of 5 s a run looks back on.
+SCHEDULE = "30s"
+#: The schedule while a test wants no scheduled run: a yearly cron (the DAG's first
+#: interval, from its start date 2026-01-01, ends in 2027). Pausing the DAG would not do:
+#: Airflow starts no run of a paused DAG, the manual runs every test triggers included
+#: (they stay queued), so the schedule itself is switched (:meth:`ServiceStack.set_schedule`).
+QUIET = "0 0 1 1 *"
+#: Airflow settings of the test stack (Airflow 3.3's defaults in brackets): a task whose
+#: supervisor stopped heartbeating is failed after 60 s [300], checked every 5 s [10];
+#: a scheduler is taken for dead after 15 s [30] and orphaned tasks are looked for every
+#: 30 s [300] (the scheduler-kill test waits on these).
+AIRFLOW_TEST_SETTINGS = {
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "30",
+}
+
+
+def stack_settings(root: Path):
+    """The service's settings for tests: the same processes on test-sized time constants
+    (production's in brackets). Windows of 5 s [20] with a 2-s watermark [10],
+    micro-batches every 2 s [10], generator batches of 5 s [10] at 800 events/s [200]: a
+    window holds about 4000 events, as production's does, so a plan's verification on one
+    window is as steady as there. The hot keys do not shift during a session (every 3600 s
+    [600]): a verified plan is compared with windows of the load it was planned on. The
+    job reads restart requests every 2 s [10]; a run waits 20 s [90] for its interval's
+    last windows. Temporary Airflow home and data folder, free loopback ports."""
+    from rebalance.service import Settings
+
+    return Settings(data=root / "data", airflow_home=root / "airflow",
+                    api_port=free_port(), connect_port=free_port(), schedule=SCHEDULE,
+                    window_seconds=5, trigger_seconds=2, batch_seconds=5,
+                    events_per_second=800, fluctuation_seconds=3600, restart_poll_seconds=2,
+                    windows_wait_seconds=20, airflow_settings=dict(AIRFLOW_TEST_SETTINGS))
+
+
+class ServiceStack(Service):
+    """``rebalance.service.Service`` on :func:`stack_settings`, with what the tests need
+    to put it in a known state: the schedule, no run in flight, the default placement."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(stack_settings(root), out=lambda line: print(line, flush=True))
+        self.figures: dict = {}
+        self.started: float | None = None
+        #: wall-clock time (time.time()) since which the stack runs on :data:`SCHEDULE`
+        #: with every process ready
+        self.scheduled_since: float | None = None
+        self._client = None
+
+    @property
+    def tables(self) -> Path:
+        return self.s.data / "tables"
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        self.up()
+        self.started, self.scheduled_since = t0, time.time()  # the schedule ran meanwhile
+        self.figures["seconds_to_up"] = round(time.monotonic() - t0, 1)
+
+    def stop(self) -> None:
+        """``down``; then no process of the service may be left, nor any record."""
+        from rebalance.service import alive
+
+        records = self.records()
+        self.down()
+        print("service stack figures:", json.dumps(self.figures, default=str), flush=True)
+        left = [f"{name} (pid {rec.pid})" for name, rec in records.items() if alive(rec)]
+        assert not left, f"processes left running after down: {left}"
+        assert not any(self.s.pids.glob("*.json"))
+
+    def client(self):
+        """Airflow's REST API as the admin user (one token for the session)."""
+        from rebalance.airflow_client import AirflowClient
+
+        if self._client is None:
+            self._client = AirflowClient(self.s.api_url, *self.login())
+        return self._client
+
+    # ------------------------------------------------------------- the schedule
+    def set_schedule(self, schedule: str, timeout: float = 300.0) -> None:
+        """Serve the DAG on ``schedule``: the dag-processor is restarted through the
+        service with it (the schedule is read when the DAG file is parsed) and the test
+        waits for Airflow to store the re-parsed DAG. The DAG is paused meanwhile, so no
+        run is created on the old schedule's next interval."""
+        if self.s.schedule == schedule:
+            return
+        api = self.client()
+        path = f"/api/v2/dags/{DAG}"
+        before = api.get(path)["timetable_summary"]
+        api.call("PATCH", path, {"is_paused": True})
+        try:
+            self.s = dataclasses.replace(self.s, schedule=schedule)
+            self.down(only=["dag-processor"])
+            assert "dag-processor" in self.up()  # (and whatever else is down)
+            deadline = time.monotonic() + timeout
+            while api.get(path)["timetable_summary"] == before:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the DAG was not re-parsed with schedule {schedule!r} "
+                                         f"within {timeout:.0f} s (still {before!r})")
+                time.sleep(1)
+        finally:
+            api.call("PATCH", path, {"is_paused": False})
+        if schedule == SCHEDULE:
+            self.scheduled_since = time.time()
+
+    def wait_idle(self, timeout: float = 600.0) -> None:
+        """Until the DAG has no queued or running run."""
+        api = self.client()
+        path = f"/api/v2/dags/{DAG}/dagRuns?state=queued&state=running&limit=20"
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = api.get(path)["dag_runs"]
+            if not runs:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"runs still active after {timeout:.0f} s: "
+                                     f"{[(r['dag_run_id'], r['state']) for r in runs]}")
+            time.sleep(2)
+
+    # -------------------------------------------------------------- the stream
+    def windows_stored(self) -> list[dt.datetime]:
+        """Start of every histogram window the job wrote, oldest first."""
+        t = read_delta(self.tables / "key_histograms", ["window_start"])
+        if t is None:
+            return []
+        return sorted({w.replace(tzinfo=dt.timezone.utc) if w.tzinfo is None else w
+                       for w in t.column("window_start").to_pylist()})
+
+    def wait_windows_until(self, end: dt.datetime, timeout: float = 300.0) -> None:
+        """Until the job wrote the window that ends at ``end`` (a multiple of 5 s)."""
+        last = end - dt.timedelta(seconds=self.s.window_seconds)
+        deadline = time.monotonic() + timeout
+        while not any(w >= last for w in self.windows_stored()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no histogram window at or after {last} within "
+                                     f"{timeout:.0f} s")
+            time.sleep(1)
+
+    def live_routing_keys(self) -> int:
+        """Keys the live assignment version routes off their default instance."""
+        live = [v for v in self.client().get("/rebalance/api/assignments") if v["live"]]
+        return int(live[0]["routing_keys"] or 0) if live else 0
+
+    def restore_default_placement(self) -> float | None:
+        """Make the default placement live again when a plan moved keys, through the
+        command users have (``rebalance rollback --to-version 0``): the generator's skew
+        on the default placement is what makes the DAG plan without ``force``. Returns the
+        wall-clock time once the rollback is live (a plan that went live then: the trigger
+        rules' cooldown counts from it), None when nothing had to be done."""
+        from rebalance.service import base_env, job_name
+
+        if self.live_routing_keys() == 0:
+            return None
+        env = {**base_env(self.s), "REBALANCE_SPARK_REMOTE": self.s.connect_url,
+               "REBALANCE_JOB_NAME": job_name(self.s)}
+        exe = str(Path(sys.executable).with_name("rebalance"))
+        done = subprocess.run([exe, "rollback", "--to-version", "0"], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert self.live_routing_keys() == 0
+        return time.time()
+
+    # ------------------------------------------------------------- test states
+    def quiet(self) -> None:
+        """No scheduled run from now on, and none in flight."""
+        self.set_schedule(QUIET)
+        self.wait_idle()
+
+    def scheduled(self) -> None:
+        """Scheduled runs every 30 s on the default placement (the skew the DAG plans on
+        by itself): a stack switched from quiet first restores the default placement."""
+        if self.s.schedule != SCHEDULE:
+            self.wait_idle()
+            self.restore_default_placement()
+            self.set_schedule(SCHEDULE)
+
+
+#: The session's one stack, shared by the modules that import :func:`service` (pytest
+#: makes one fixture per importing module: they share this one and the last user stops it).
+_SHARED: dict = {"users": 0}
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory):
+    """The service stack of the session (started once, stopped at the session's end)."""
+    if "error" in _SHARED:
+        raise RuntimeError(f"the service stack did not start: {_SHARED['error']}")
+    stack = _SHARED.get("stack")
+    if stack is None:
+        stack = ServiceStack(tmp_path_factory.mktemp("service"))
+        try:
+            stack.start()
+        except BaseException as exc:
+            _SHARED["error"] = f"{type(exc).__name__}: {exc}"
+            stack.stop()
+            raise
+        _SHARED["stack"] = stack
+    _SHARED["users"] += 1
+    try:
+        yield stack
+    finally:
+        _SHARED["users"] -= 1
+        if _SHARED["users"] == 0:
+            _SHARED.pop("stack")
+            stack.stop()
+
+
+@pytest.fixture()
+def quiet(service):
+    """The stack with no scheduled run (and none in flight): a test's runs are its own."""
+    service.quiet()
+    return service
+
+
+@pytest.fixture()
+def scheduled(service):
+    """The stack with the DAG scheduled every 30 s on the default placement."""
+    service.scheduled()
+    return service

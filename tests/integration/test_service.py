@@ -1,20 +1,28 @@
 """The service as its users run it: ``make up``'s processes, the real scheduler, the UI.
 
-One module-scoped service (``rebalance.service.Service``, exactly what ``make up`` starts:
-Spark Connect, Airflow's api-server, scheduler, dag-processor and triggerer on
-LocalExecutor/SQLite, the keyed job and the live generator), on a temporary Airflow
-home, data folder and free ports. The tests then use it as a person does:
+The session's service stack (:func:`service_helpers.service`, shared with
+``test_service_faults.py``): ``rebalance.service.Service``, exactly what ``make up``
+starts (Spark Connect, Airflow's api-server, scheduler, dag-processor and triggerer on
+LocalExecutor/SQLite, the keyed job and the live generator) on a temporary Airflow home,
+data folder and free ports, with test-sized time constants (5-s windows, a 30-s schedule).
+The tests then use it as a person does:
 
-* the real scheduler runs ``rebalance`` on its two-minute schedule and a plan is applied
-  and verified with no one touching anything;
-* anonymous requests to the Rebalance view are refused;
-* in a real headless Chromium (Debian's package, driven by Playwright): log in, trigger
-  ``rebalance`` from the Trigger form with non-default params, approve on the Required
-  actions page, see the run succeed and the plan on the Rebalance tab with its chart and
-  moved keys; start a backfill from the UI and see its what-if plans there.
+* the real scheduler runs ``rebalance`` on its schedule and a plan is applied and
+  verified with no one touching anything;
+* anonymous requests to the Rebalance view are refused; every process listens on
+  127.0.0.1 only;
+* ``rebalance trigger`` runs a what-if plan through the REST API and says why a run
+  skipped;
+* in a real headless Chromium (Debian's package, driven by Playwright): start a backfill
+  from the UI and see its what-if plans; log in, trigger ``rebalance`` from the Trigger
+  form with non-default params, approve on the Required actions page, see the run succeed
+  and the plan on the Rebalance tab with its chart and moved keys.
 
-At the end ``down`` must leave no process of the service behind. Screenshots are saved
-under ``$REBALANCE_TEST_SHOTS`` (default ``.data/test-shots``).
+Each test puts the stack in the state it needs (:func:`service_helpers.scheduled` or
+:func:`service_helpers.quiet`, the default placement) and triggers its own runs, so any
+one runs alone with ``-k``. At the session's end ``down`` must leave no process of the
+service behind. Screenshots are saved under ``$REBALANCE_TEST_SHOTS`` (default
+``.data/test-shots``).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from service_helpers import free_port
+from service_helpers import quiet, scheduled, service  # noqa: F401 - fixtures
 from ui_flows import CHROMIUM_ARGS, UI, chromium_path
 
 from rebalance.airflow_client import AirflowClient
@@ -36,31 +44,9 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("REBALANCE_TEST_SHOTS", REPO / ".data" / "test-shots"))
-#: The issue's promise: a scheduled run applied and verified within 5 minutes of start.
-#: The test allows a little more for a loaded CI machine and reports what it took.
+#: From the stack being up on the 30-s schedule (or the switch to it) to a scheduled plan
+#: applied and verified: about a minute on a quiet machine; a loaded one gets more.
 SCHEDULED_PLAN_TIMEOUT = 9 * 60
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    from rebalance.service import Service, Settings, alive
-
-    root = tmp_path_factory.mktemp("service")
-    settings = Settings(data=root / "data", airflow_home=root / "airflow",
-                        api_port=free_port(), connect_port=free_port(),
-                        schedule="*/2 * * * *")
-    svc = Service(settings, out=lambda line: print(line, flush=True))
-    started = time.monotonic()
-    try:
-        svc.up()
-        svc.started = started
-        yield svc
-    finally:
-        records = svc.records()
-        svc.down()
-        left = [f"{name} (pid {rec.pid})" for name, rec in records.items() if alive(rec)]
-        assert not left, f"processes left running after down: {left}"
-        assert not any(settings.pids.glob("*.json"))
 
 
 class Api(AirflowClient):
@@ -143,7 +129,7 @@ def _listening(pids: set[int]) -> list[tuple[int, str]]:
 
 
 def test_every_process_of_the_service_listens_on_loopback_only(service):
-    from rebalance.service import _children
+    from rebalance.processes import descendants as _children
 
     pids = set()
     for rec in service.records().values():
@@ -156,25 +142,93 @@ def test_every_process_of_the_service_listens_on_loopback_only(service):
     assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
 
 
-def test_the_scheduler_applies_and_verifies_a_plan_on_its_own(service, api):
-    """No trigger: the real scheduler runs the DAG every two minutes on the live stream."""
+def test_the_scheduler_applies_and_verifies_a_plan_on_its_own(scheduled, api):
+    """No trigger: the real scheduler runs the DAG every 30 s on the live stream, finds the
+    default placement imbalanced, and a plan is applied and verified with the default
+    verification tolerance."""
+    since = scheduled.scheduled_since
+
     def verified():
         done = [p for p in api.plans()
-                if p["run_type"] == "scheduled" and p["status"] in ("verified", "diverged")]
-        return done[-1] if done else None
+                if p["run_type"] == "scheduled" and p["status"] in ("verified", "diverged")
+                and dt.datetime.fromisoformat(p["created_at"]).timestamp() >= since - 1]
+        return done[-1] if done else None  # the first one (the list is newest first)
 
     plan = api.wait_for("a scheduled plan applied and verified", verified,
-                        SCHEDULED_PLAN_TIMEOUT - (time.monotonic() - service.started))
-    took = time.monotonic() - service.started
-    print(f"scheduled plan {plan['plan_id']} {plan['status']} {took:.0f} s after start: "
-          f"imbalance {plan['imbalance_before']:.3f} -> predicted {plan['predicted_imbalance']:.3f}"
-          f" -> realised {plan['realised_imbalance']:.3f}")
+                        SCHEDULED_PLAN_TIMEOUT - (time.time() - since))
+    took = time.time() - since
+    scheduled.figures["first_scheduled_plan_seconds"] = round(took, 1)
+    print(f"scheduled plan {plan['plan_id']} {plan['status']} {took:.0f} s after the schedule "
+          f"began: imbalance {plan['imbalance_before']:.3f} -> predicted "
+          f"{plan['predicted_imbalance']:.3f} -> realised {plan['realised_imbalance']:.3f}")
     assert plan["status"] == "verified", plan
     assert plan["assignment_version"] is not None and plan["moved_keys"] > 0
     assert plan["realised_imbalance"] < plan["imbalance_before"]
 
 
-def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(service):
+@pytest.fixture(scope="module")
+def browser():
+    path = chromium_path()
+    if path is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium): browser tests skipped")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def ui(browser, service, api):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    ui = UI(page, service.s.api_url, SHOTS)
+    ui.login(api.user, api.password)
+    yield ui
+    page.close()
+
+
+def test_a_backfill_started_in_the_ui_stores_what_if_plans(scheduled, ui, api):
+    """Replan the two 30-s intervals of the last whole minute (each already ran on
+    schedule: the backfill reprocesses them, with force), as what-if plans that change
+    nothing live. Backfill runs have their own limit of active runs: they run beside the
+    scheduled ones."""
+    live_before = [v for v in api.get("/rebalance/api/assignments") if v["live"]]
+
+    def a_minute_of_windows():
+        windows = scheduled.windows_stored()
+        end = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0)
+        return windows and windows[0] <= end - dt.timedelta(minutes=1) and end
+    end = api.wait_for("a whole minute of histogram windows", a_minute_of_windows, 180, every=5)
+    start = end - dt.timedelta(minutes=1)
+    scheduled.wait_windows_until(end)
+    dialog = ui.open_backfill("rebalance")
+    try:
+        ui.set_backfill_range(dialog, start, end)
+    except Exception as exc:
+        ui.shot("05-backfill-form-failed")  # what the dialog said, for the report
+        raise AssertionError(f"backfill form [{start} .. {end}]: {dialog.inner_text()[-600:]}") from exc
+    ui.set_checkbox(dialog, "force", True)
+    ui.shot("05-backfill-form")
+    ui.submit_backfill(dialog)
+
+    def what_if():
+        # a backfill run's plan passes through proposed and validated before publish stores
+        # it as what-if: wait until every plan found has reached a terminal status
+        plans = [p for p in api.plans() if p["run_type"] == "backfill"
+                 and dt.datetime.fromisoformat(p["data_interval_start"]) >= start]
+        settled = plans and all(p["status"] not in ("proposed", "validated") for p in plans)
+        return plans if settled else None
+    plans = api.wait_for("what-if plans of the backfill", what_if, 600, every=10)
+    assert all(p["status"] == "what-if" and p["assignment_version"] is None for p in plans), plans
+    assert [v for v in api.get("/rebalance/api/assignments") if v["live"]] == live_before
+    ui.page.goto(f"{ui.base}/rebalance/")
+    ui.page.locator("#plans").get_by_text("what-if").first.wait_for(timeout=120_000)
+    ui.shot("06-what-if-plans")
+
+
+def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(quiet):
     """The command-line twin of the UI's trigger form, against the real api-server and
     scheduler: params set on the command line reach the run, which stores a what-if plan
     (``apply_mode=dry-run`` changes no assignment); a run that skips prints the reason; a
@@ -183,6 +237,7 @@ def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(service):
     import sys
 
     exe = Path(sys.executable).with_name("rebalance")
+    service = quiet
     env = {**os.environ, "AIRFLOW_HOME": str(service.s.airflow_home),
            "REBALANCE_API_PORT": str(service.s.api_port)}
     env.pop("REBALANCE_AIRFLOW_PASSWORD", None)
@@ -219,74 +274,17 @@ def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(service):
     assert refused.stderr.count("\n") == 1, refused.stderr
 
 
-@pytest.fixture(scope="module")
-def browser():
-    path = chromium_path()
-    if path is None:
-        pytest.skip("no Chromium on this machine (apt-get install chromium): browser tests skipped")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture()
-def ui(browser, service, api):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(60_000)
-    ui = UI(page, service.s.api_url, SHOTS)
-    ui.login(api.user, api.password)
-    yield ui
-    page.close()
-
-
-def test_a_backfill_started_in_the_ui_stores_what_if_plans(ui, api, service):
-    """Replan the intervals since the service started (every one already ran on schedule:
-    the backfill reprocesses them, with force), as what-if plans that change nothing live.
-    Runs before the approval test: backfill runs queue behind scheduled and manual ones
-    (one active run for the DAG), so it goes while the scheduled runs are quick skips."""
-    live_before = [v for v in api.get("/rebalance/api/assignments") if v["live"]]
-    now = dt.datetime.now(dt.timezone.utc)
-    start = (now - dt.timedelta(seconds=time.monotonic() - service.started)).replace(
-        second=0, microsecond=0)
-    end = (now - dt.timedelta(minutes=2)).replace(second=0, microsecond=0)
-    dialog = ui.open_backfill("rebalance")
-    try:
-        ui.set_backfill_range(dialog, start, end)
-    except Exception as exc:
-        ui.shot("05-backfill-form-failed")  # what the dialog said, for the report
-        raise AssertionError(f"backfill form [{start} .. {end}]: {dialog.inner_text()[-600:]}") from exc
-    ui.set_checkbox(dialog, "force", True)
-    ui.shot("05-backfill-form")
-    ui.submit_backfill(dialog)
-
-    def what_if():
-        # a backfill run's plan passes through proposed and validated before publish stores
-        # it as what-if: wait until every plan found has reached a terminal status
-        plans = [p for p in api.plans() if p["run_type"] == "backfill"]
-        settled = plans and all(p["status"] not in ("proposed", "validated") for p in plans)
-        return plans if settled else None
-    plans = api.wait_for("what-if plans of the backfill", what_if, 600, every=10)
-    assert all(p["status"] == "what-if" and p["assignment_version"] is None for p in plans), plans
-    assert [v for v in api.get("/rebalance/api/assignments") if v["live"]] == live_before
-    ui.page.goto(f"{ui.base}/rebalance/")
-    ui.page.locator("#plans").get_by_text("what-if").first.wait_for(timeout=120_000)
-    ui.shot("06-what-if-plans")
-
-
-def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(ui, api):
+def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(quiet, ui, api):
+    """On the default placement (the generator's skew), so the plan moves keys and its
+    page lists them; verified with the default verification tolerance."""
+    quiet.restore_default_placement()
     dialog = ui.open_trigger("rebalance")
     ui.set_select(dialog, "method", "milp")
-    ui.set_number(dialog, "theta", 0.05)
+    ui.set_number(dialog, "theta", 0.15)
     ui.set_checkbox(dialog, "require_approval", True)
+    # force: the rollback to the default placement just went live (the trigger rules'
+    # cooldown would skip the run)
     ui.set_checkbox(dialog, "force", True)
-    # This test is about the person's path through the UI; whether the prediction holds is
-    # the scheduled test's. The job is balanced by now (the scheduled plan), so this plan is
-    # marginal, and the generator's next hot-key shift may fall into its verification
-    # window: a realised imbalance far from the prediction must not fail this run.
-    ui.set_number(dialog, "verify_tolerance", 5)
     ui.shot("01-trigger-form")
     ui.submit_trigger(dialog)
     ui.page.wait_for_url("**/runs/manual__*")
@@ -295,7 +293,7 @@ def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(ui, api):
 
     run_id = unquote(run_id)
     conf = api.run("rebalance", run_id)["conf"]
-    assert (conf["method"], conf["theta"], conf["require_approval"]) == ("milp", 0.05, True)
+    assert (conf["method"], conf["theta"], conf["require_approval"]) == ("milp", 0.15, True)
 
     def awaiting():
         states = {t: ti["state"] for t, ti in api.task_instances("rebalance", run_id).items()}
@@ -327,6 +325,7 @@ def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(ui, api):
 
     plan = next(p for p in api.plans() if p["run_id"] == run_id)
     assert plan["method"] == "milp" and plan["status"] == "verified", plan
+    assert plan["moved_keys"] > 0, plan  # planned on the default placement's skew
     ui.page.goto(f"{ui.base}/dags/rebalance/plugin/rebalance-dag")
     frame = ui.page.frame_locator("iframe[title=Rebalance]")
     frame.locator("#plans").wait_for(timeout=120_000)
@@ -338,15 +337,9 @@ def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(ui, api):
     assert frame.locator("#validation").get_by_text("failed").count() == 0
     assert frame.locator("#commits tr").count() >= 5
     ui.page.goto(f"{ui.base}/rebalance/plans/{plan['plan_id']}")
-    ui.shot("04-plan-page")
-    # This marginal plan may move no key at all (seen in CI); the scheduled plan of the first
-    # test moved some, and its page lists them, one row per key.
-    moving = [p for p in api.plans() if p["run_type"] == "scheduled" and p["moved_keys"] > 0]
-    assert moving, "no scheduled plan moved a key: the moved-keys table is not exercised"
-    ui.page.goto(f"{ui.base}/rebalance/plans/{moving[-1]['plan_id']}")
     ui.page.locator("#bars-chart").wait_for(timeout=120_000)
-    _assert_moved_keys_shown(ui.page, moving[-1])
-    ui.shot("07-plan-page-moved-keys")
+    _assert_moved_keys_shown(ui.page, plan)
+    ui.shot("04-plan-page")
 
 
 def _assert_moved_keys_shown(page, plan: dict) -> None:

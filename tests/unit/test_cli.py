@@ -309,8 +309,11 @@ def test_plan_json_records_where_the_time_went(inputs, tmp_path, capsys):
     assert all(v >= 0 for v in timings.values())
 
 
-def test_plan_reads_parquet_without_importing_pandas(inputs, tmp_path):
-    h, _ = inputs
+def test_plan_reads_parquet_without_importing_pandas(tmp_path):
+    """One window (a big plan's usual input) with the default load model: nothing to
+    backtest, so neither the backtest nor pandas is imported."""
+    h = tmp_path / "hist.parquet"
+    histogram_frame(windows=1).to_parquet(h)
     code = ("import sys\nfrom rebalance import cli\n"
             f"rc = cli.main(['plan', '--histograms', {str(h)!r}, '--instances', '3', "
             f"'--method', 'mixed', '--out', {str(tmp_path / 'o')!r}])\n"

@@ -50,6 +50,7 @@ def test_plan_with_one_window_falls_back_to_todays_mean(tmp_path):
     assert main(["plan", "--histograms", str(hist), "--instances", "4", "--out", str(out)]) == 0
     lm = json.loads((out / "plan.json").read_text())["load_model"]
     assert lm["chosen"] == "mean:windows=1" and "too few to backtest" in lm["reason"]
+    assert lm["windows_backtested"] == 1
     assert lm["theta_plan"] == 0.08
 
 

@@ -216,6 +216,8 @@ BENCH_CASES = {
     "scale 10^9 keys": (["--experiment", "scale", "--keys", "1000000000"],
                         r"--keys must be within \[1, 50000000\]"),
     "scale keys text": (["--experiment", "scale", "--keys", "1e6"], r"comma-separated integers"),
+    # an empty --keys ran the default 10^4 .. 10^7 keys (found by the fuzz test)
+    "scale keys empty": (["--experiment", "scale", "--keys", ""], r"comma-separated integers"),
     "intervals 10^10": (["--intervals", "10000000000"], r"--intervals must be <= 100000"),
     "intervals 1": (["--intervals", "1"], r"--intervals must be >= 2"),
     "runs 0": (["--runs", "0"], r"--runs must be >= 1"),

@@ -84,13 +84,14 @@ def test_up_refuses_another_source_while_the_recorded_one_runs(tmp_path):
     import os
     import time
 
-    from rebalance.service import Record, _start_ticks
+    from rebalance.processes import start_time
+    from rebalance.service import Record
 
     s = _settings(tmp_path, source="delta")
     s.pids.mkdir(parents=True)
     (s.state / "source").write_text("kafka\n")
     # This test process stands for a running broker of the recorded (kafka) service.
-    me = Record("kafka", os.getpid(), _start_ticks(os.getpid()), ["x"], "log", time.time())
+    me = Record("kafka", os.getpid(), start_time(os.getpid()), ["x"], "log", time.time())
     (s.pids / "kafka.json").write_text(json.dumps(dataclasses.asdict(me)))
     with pytest.raises(ServiceError, match="SOURCE=kafka.*make down"):
         Service(s)._record_source()      # what up does first

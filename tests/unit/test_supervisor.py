@@ -16,13 +16,13 @@ import time
 
 import pytest
 
+from rebalance.processes import descendants as _children
+from rebalance.processes import running as _running
 from rebalance.service import (
     Component,
     Service,
     ServiceError,
     Settings,
-    _children,
-    _running,
     airflow_env,
     alive,
     components,
@@ -142,3 +142,21 @@ def test_no_credential_is_part_of_the_commands(settings):
         # (the Kafka connector's spark-token-provider JAR is a file name, not a credential)
         text = " ".join(comp.argv).lower().replace("spark-token-provider", "")
         assert "password" not in text and "jwt" not in text and "token" not in text
+
+
+def test_a_record_written_with_start_ticks_still_names_its_process(tmp_path):
+    """Records of an earlier version hold the kernel's start ticks: the process they name
+    is still taken for running (no second copy started), a recycled pid is not."""
+    import json
+    import os
+
+    from rebalance.service import Record
+
+    ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19])
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"name": "job", "pid": os.getpid(), "start_ticks": ticks,
+                                "argv": ["x"], "log": "log", "started_at": 0.0}))
+    assert alive(Record.load(path))
+    path.write_text(json.dumps({"name": "job", "pid": os.getpid(), "start_ticks": ticks - 100,
+                                "argv": ["x"], "log": "log", "started_at": 0.0}))
+    assert not alive(Record.load(path))

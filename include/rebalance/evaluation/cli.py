@@ -106,7 +106,7 @@ def _check(args) -> None:
         if args.runs < 1:
             raise UserError(f"--runs must be >= 1, got {args.runs}")
         try:
-            keys = [int(k) for k in (args.keys or "1").split(",")]
+            keys = [int(k) for k in ("1" if args.keys is None else args.keys).split(",")]
         except ValueError:
             raise UserError(f"--keys must be comma-separated integers, got {args.keys!r}") \
                 from None
