@@ -117,8 +117,9 @@ def load_for_plan(args):
                         initial=initial, candidates=candidates)
         candidates = choice.table
         reason = choice.reason
-        if history.n_windows < 2:
+        if not choice.backtested:  # planned as with one window: the mean at theta_plan
             chosen = dataclasses.replace(model, name="mean", windows=args.windows)
+            reason += "; planned on the mean of the planned windows at theta_plan"
         elif choice.stay:
             stay = True
             chosen = dataclasses.replace(model, name="mean", windows=args.windows)

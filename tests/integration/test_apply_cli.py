@@ -81,4 +81,4 @@ def test_apply_refuses_a_plan_whose_files_do_not_match(spark, tmp_path, capsys):
     assert cli.main(["apply", "--plan", str(out)]) == 2
     assert "SHA-256 differs" in capsys.readouterr().err
     assert cli.main(["apply", "--plan", str(tmp_path / "nowhere")]) == 2
-    assert "not a plan written by" in capsys.readouterr().err
+    assert "nowhere is not a directory (not found)" in capsys.readouterr().err

@@ -229,7 +229,12 @@ def test_choose_picks_a_plan_that_holds_at_the_least_migration():
 
 def test_choose_with_one_window_cannot_backtest():
     c = choose(_history([[1, 2, 3, 4]]), theta=0.08)
-    assert c.stay and "too few to backtest" in c.reason
+    assert c.policy is None and not c.backtested and not c.stay
+    assert "too few to backtest" in c.reason
+    # two windows, each candidate planning on both: nothing left to judge either
+    two = choose(_history([[1, 2, 3, 4], [1, 2, 3, 4]]), theta=0.08,
+                 candidates=[Policy.of("mean:windows=2")])
+    assert not two.backtested and not two.stay and "every candidate plans on 2" in two.reason
 
 
 def test_holds_gate():

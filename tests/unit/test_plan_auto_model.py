@@ -54,6 +54,22 @@ def test_plan_with_one_window_falls_back_to_todays_mean(tmp_path):
     assert lm["theta_plan"] == 0.08
 
 
+def test_plan_over_every_window_given_plans_on_their_mean(tmp_path):
+    """--windows W with W windows given: every candidate auto would try plans on all of
+    them, none is left to judge on; auto plans on their mean (it does not stay with the
+    imbalanced assignment, which validation would then reject)."""
+    hist = tmp_path / "h.parquet"
+    _histograms(hist, windows=3)
+    out = tmp_path / "plan"
+    assert main(["plan", "--histograms", str(hist), "--instances", "4", "--windows", "3",
+                 "--out", str(out)]) == 0
+    doc = json.loads((out / "plan.json").read_text())
+    lm = doc["load_model"]
+    assert lm["chosen"] == "mean:windows=3" and lm["stay"] is False
+    assert "every candidate plans on 3" in lm["reason"], lm["reason"]
+    assert doc["metrics"]["imbalance_after"] <= 1.08 + 1e-6 < doc["metrics"]["imbalance_before"]
+
+
 def test_plan_explicit_model_and_theta_plan(tmp_path):
     hist = tmp_path / "h.parquet"
     _histograms(hist)

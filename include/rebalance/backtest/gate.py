@@ -66,17 +66,20 @@ def calibrate(history: WindowHistory, policy: Policy, theta: float, target: floa
 @dataclass
 class Choice:
     """What ``auto`` chose and why: ``policy`` (None: stay, plan nothing), ``theta_plan``,
-    ``reason`` and the candidates' backtest ``table``."""
+    ``reason`` and the candidates' backtest ``table``. ``backtested`` False: the windows
+    were too few to judge any candidate on windows it had not seen, so nothing was chosen
+    (``policy`` None, and not a decision to stay)."""
 
     policy: Policy | None
     theta_plan: float
     reason: str
     table: pd.DataFrame
     stay_imbalance: float = math.nan
+    backtested: bool = True
 
     @property
     def stay(self) -> bool:
-        return self.policy is None
+        return self.policy is None and self.backtested
 
 
 #: auto's migration per step at most this multiple of today's planning (mean of the last
@@ -94,14 +97,20 @@ def choose(history: WindowHistory, theta: float, time_limit: float = 30.0, targe
     h = history
     cands = list(candidates) if candidates is not None else default_candidates(
         theta, h.n_windows, h.n_keys)
+    too_few = Choice(None, theta, f"{h.n_windows} window(s) given: too few to backtest a plan "
+                     "on windows it has not seen", pd.DataFrame(columns=list(SUMMARY_COLUMNS)),
+                     backtested=False)
     if h.n_windows < 2 or not cands:
-        return Choice(None if h.n_windows < 2 else None, theta,
-                      f"{h.n_windows} window(s) given: too few to backtest a plan on windows "
-                      "it has not seen", pd.DataFrame(columns=list(SUMMARY_COLUMNS)))
+        return too_few
     start_a = h.default.copy() if initial is None else np.asarray(initial, dtype=np.int64)
-    need = max(p.history for p in cands)
+    need, least = max(p.history for p in cands), min(p.history for p in cands)
     start = min(need, h.n_windows - 1)
     cands = [p for p in cands if p.history <= start]
+    if not cands:  # each candidate reads every window given: none is left to judge on
+        too_few.reason = (f"{h.n_windows} window(s) given and every candidate plans on "
+                          f"{least}: none is left to backtest a plan on windows it has not "
+                          "seen")
+        return too_few
     t0 = time.perf_counter()
     rows, skipped = [], 0
     for p in cands:

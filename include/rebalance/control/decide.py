@@ -197,6 +197,8 @@ def _choose(before: WindowHistory, current: np.ndarray, p: RunParams, base: Plan
         reasons.append(f"auto: {choice.reason}")
         if choice.stay:
             return None, float(p.theta_plan or theta)
+        if not choice.backtested:
+            return LoadModel("mean"), float(p.theta_plan or theta)
         return choice.policy.load_model, float(choice.theta_plan)
     if p.theta_plan is not None:
         reasons.append(f"load model {model}; theta_plan {p.theta_plan:g} (set)")
