@@ -212,3 +212,33 @@ def history_needed(model: LoadModel) -> int:
     if model.windows is not None:
         return max(int(model.windows), model.needs)
     return model.needs
+
+
+def detect_period(series, max_period: int = 200, cycles: int = 2) -> int | None:
+    """The seasonal period of a W x K series in windows, or None when it has none.
+
+    Windows ``p`` apart are compared by the cosine similarity of their per-key load
+    vectors, averaged over the series. The period is the smallest lag ``p >= 2`` that is a
+    local peak of that similarity, clearly more alike than neighbouring windows (it closes
+    at least a tenth of the gap between lag 1's similarity and 1), and within 1 % of the
+    best such peak (its multiples are nearly as alike). Lags up to
+    ``max_period`` are tried while the series holds ``cycles`` periods and one window more.
+    Used by ``auto`` to add a seasonal candidate the backtest then accepts or not."""
+    x = _series(series)
+    top = min(int(max_period), (x.shape[0] - 1) // max(1, int(cycles)))
+    if top < 2:
+        return None
+    norm = np.linalg.norm(x, axis=1)
+    u = x / np.where(norm > 0, norm, 1.0)[:, None]
+    sim = np.full(top + 2, -np.inf)
+    for p in range(1, min(top + 1, x.shape[0] - 1) + 1):
+        sim[p] = float(np.einsum("ij,ij->i", u[p:], u[:-p]).mean())
+    if 1.0 - sim[1] <= 1e-9:  # neighbouring windows alike already: nothing to gain
+        return None
+    clear = sim[1] + 0.1 * (1.0 - sim[1])
+    peaks = [p for p in range(2, top + 1)
+             if sim[p] > clear and sim[p] >= sim[p - 1] and sim[p] >= sim[p + 1]]
+    if not peaks:
+        return None
+    best = max(sim[p] for p in peaks)
+    return next(p for p in peaks if sim[p] >= best - 0.01 * abs(best))

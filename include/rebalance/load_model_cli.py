@@ -110,7 +110,8 @@ def load_for_plan(args):
 
             candidates = [dataclasses.replace(p, name="", history=given,
                                               load_model=p.load_model.with_windows(given))
-                          for p in default_candidates(theta, history.n_windows)
+                          for p in default_candidates(theta, history.n_windows,
+                                                      loads=history.loads)
                           if p.load_model.name != "seasonal" or p.load_model.period <= given]
             candidates = list({p.name: p for p in candidates}.values())
         choice = choose(history, theta, time_limit=float(args.time_limit), target=target,

@@ -100,3 +100,22 @@ def test_forecast_lies_between_min_and_max_of_the_windows(series, text):
     got = forecast(series, text)
     assert got.shape == (series.shape[1],)
     assert (got >= series.min(axis=0) - 1e-6).all() and (got <= series.max(axis=0) + 1e-6).all()
+
+
+def test_detect_period_finds_the_cycle_and_not_its_multiples():
+    from rebalance.forecast import detect_period
+
+    rng = np.random.default_rng(3)
+    slots = rng.uniform(0, 10, (5, 40))  # 5 different key mixes, repeated
+    series = np.vstack([slots[t % 5] for t in range(60)]) + rng.uniform(0, 1, (60, 40))
+    assert detect_period(series) == 5
+    assert detect_period(series, max_period=4) is None  # the cycle is out of reach
+    assert detect_period(series[:10]) is None  # fewer than two cycles and a window
+
+
+def test_detect_period_none_without_a_cycle():
+    from rebalance.forecast import detect_period
+
+    rng = np.random.default_rng(4)
+    assert detect_period(np.ones((30, 8))) is None  # every lag alike: no cycle
+    assert detect_period(rng.uniform(0, 1, (200, 30))) is None  # noise: no lag stands out

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from ..forecast import LoadModel, history_needed
+from ..forecast import LoadModel, detect_period, history_needed
 from .history import Policy
 
 # ------------------------------------------------------------------ auto
@@ -17,17 +17,23 @@ AUTO_MODELS = ("mean:windows=1", "ewm:halflife=2,windows=8", "robust:windows=3",
                "robust:windows=7", "robust:windows=14")
 #: theta_plan values auto tries, as fractions of theta.
 AUTO_HEADROOM = (1.0, 0.5)
-#: Seasonal periods (windows) auto tries when the history holds two of them.
+#: Seasonal periods (windows) auto tries when the history holds two of them, beside the
+#: period detected in the windows themselves (:func:`rebalance.forecast.detect_period`).
 AUTO_PERIODS = (7, 24)
 
 
 def default_candidates(theta: float, n_windows: int, n_keys: int | None = None,
-                       method: str = "mixed") -> list[Policy]:
+                       method: str = "mixed", loads=None) -> list[Policy]:
     """The policies auto compares: :data:`AUTO_MODELS` whose history leaves at least half
     of ``n_windows`` to judge on (and a seasonal model per period of
-    :data:`AUTO_PERIODS` the windows cover twice), each at :data:`AUTO_HEADROOM`."""
+    :data:`AUTO_PERIODS`, and the period detected in ``loads`` (W x K, the windows before
+    the choice), that the windows cover twice), each at :data:`AUTO_HEADROOM`."""
     models = [LoadModel.parse(m) for m in AUTO_MODELS]
-    for p in AUTO_PERIODS:
+    periods = list(AUTO_PERIODS)
+    found = None if loads is None else detect_period(loads)
+    if found is not None and found not in periods:
+        periods.append(found)
+    for p in periods:
         if n_windows >= 2 * p + 2:
             models.append(LoadModel("seasonal", windows=p, period=p))
     out = []

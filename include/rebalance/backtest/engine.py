@@ -345,7 +345,7 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
     Causal: a choice at step t reads only windows before t."""
     h, theta = eng.h, eng.theta
     cands = list(candidates) if candidates is not None else default_candidates(
-        theta, h.n_windows, h.n_keys)
+        theta, h.n_windows, h.n_keys, loads=h.loads[:steps[0]])  # causal: before the steps
     cands = [p for p in cands if p.history <= steps[0]] or [Policy.of("mean:windows=1")]
     runs = [_run_policy(eng, p, steps, horizon, initial) for p in cands]
     # per candidate: judged window -> (realised, stay, migration of its step)

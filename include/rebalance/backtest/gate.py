@@ -96,7 +96,7 @@ def choose(history: WindowHistory, theta: float, time_limit: float = 30.0, targe
     over the same windows by ``min_gain``."""
     h = history
     cands = list(candidates) if candidates is not None else default_candidates(
-        theta, h.n_windows, h.n_keys)
+        theta, h.n_windows, h.n_keys, loads=h.loads)
     too_few = Choice(None, theta, f"{h.n_windows} window(s) given: too few to backtest a plan "
                      "on windows it has not seen", pd.DataFrame(columns=list(SUMMARY_COLUMNS)),
                      backtested=False)

@@ -186,7 +186,8 @@ def _choose(before: WindowHistory, current: np.ndarray, p: RunParams, base: Plan
                            f"{tp:g}" + (" (set)" if p.theta_plan else " (theta)"))
             facts["choice"] = "too few windows"
             return LoadModel("mean"), tp
-        candidates = default_candidates(theta, before.n_windows, before.n_keys, method=p.method)
+        candidates = default_candidates(theta, before.n_windows, before.n_keys, method=p.method,
+                                        loads=before.loads)
         if p.theta_plan is not None:  # the run fixes theta_plan: auto chooses the model only
             seen = dict.fromkeys(c.load_model for c in candidates)
             candidates = [Policy.of(m, theta_plan=p.theta_plan, method=p.method) for m in seen]
