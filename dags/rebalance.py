@@ -34,6 +34,8 @@ from airflow.sdk import Param, PokeReturnValue, TriggerRule, dag, task
 from rebalance.control import inputs, rollout, tasks
 from rebalance.control import params as run_params
 
+SENSOR_TIMEOUT = dt.timedelta(minutes=run_params.MAX_WAIT_MINUTES + 10)
+
 
 @dag(
     dag_id=run_params.DAG_ID,
@@ -118,14 +120,17 @@ def rebalance():
     # and Airflow then fails the try ("finished with state success, but the task
     # instance's state attribute is queued"); three such races failed a restart run
     # whose job had acknowledged nothing wrong (tests/integration/test_service_faults.py).
-    @task.sensor(poke_interval=5, timeout=dt.timedelta(hours=2), mode="poke")
+    # The sensors' own timeout lies beyond the longest wait the Params allow: the task's
+    # deadline (restart_timeout_minutes, verify_timeout_minutes) rolls back or marks the
+    # plan diverged first.
+    @task.sensor(poke_interval=5, timeout=SENSOR_TIMEOUT, mode="poke")
     def await_restart(applied: dict) -> PokeReturnValue:
         """apply_mode restart: wait for the streaming job to stop, migrate the moved keys'
         state and acknowledge the new version; on failure or timeout restore the previous
         version and fail. Passes through at once for a live switch."""
         return PokeReturnValue(**rollout.await_restart(applied))
 
-    @task.sensor(poke_interval=10, timeout=dt.timedelta(hours=2), mode="poke")
+    @task.sensor(poke_interval=10, timeout=SENSOR_TIMEOUT, mode="poke")
     def verify(applied: dict) -> PokeReturnValue:
         """Wait for the next window(s) under the new assignment and record the realised
         imbalance on the plan; fail when it exceeds 1 + theta + `verify_tolerance`."""

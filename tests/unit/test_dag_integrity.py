@@ -47,6 +47,18 @@ def test_the_rebalance_params_form(dags):
     assert {k: params[k] for k in PARAMS_SCHEMA} == {k: v["default"] for k, v in PARAMS_SCHEMA.items()}
 
 
+def test_the_waits_end_by_the_runs_own_deadline_not_airflows(dags):
+    """The longest restart or verification wait the form allows ends before the sensors'
+    own timeout: the task's deadline (rollback, diverged) always fires first."""
+    params = dags["rebalance"].params
+    for sensor, param in (("await_restart", "restart_timeout_minutes"),
+                          ("verify", "verify_timeout_minutes")):
+        longest = params.get_param(param).schema["maximum"]
+        timeout = dags["rebalance"].get_task(sensor).timeout
+        seconds = getattr(timeout, "total_seconds", lambda: timeout)()  # a float in Airflow 3.3
+        assert seconds > longest * 60, (sensor, timeout, longest)
+
+
 def test_the_rollback_dag_takes_a_version(dags):
     dag = dags["rebalance_rollback"]
     assert [t.task_id for t in dag.topological_sort()] == ["propose", "validate", "publish", "apply"]

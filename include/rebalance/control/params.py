@@ -25,6 +25,10 @@ DAG_ID = "rebalance"
 #: the reasons: :func:`rebalance.control.rollout.resolve_mode`).
 AUTO_RESTART_ABOVE = 0.05
 APPLY_MODES = ("auto", "broadcast", "restart", "dry-run")
+#: Longest restart or verification wait a run may ask for (``restart_timeout_minutes``,
+#: ``verify_timeout_minutes``); the DAG's sensors time out only after it, so a wait always
+#: ends by the run's own deadline (rollback, "diverged"), never by Airflow's.
+MAX_WAIT_MINUTES = 1440
 
 
 #: JSON schema of every run param; the DAG turns each entry into an Airflow ``Param``.
@@ -146,13 +150,13 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
                        "and the run fails.",
     },
     "restart_timeout_minutes": {
-        "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
+        "type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT_MINUTES,
         "title": "Restart timeout (minutes)",
         "description": "apply_mode restart: roll back to the previous assignment version when "
                        "the job has not acknowledged the restart in time.",
     },
     "verify_timeout_minutes": {
-        "type": "number", "exclusiveMinimum": 0, "maximum": 1440,
+        "type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT_MINUTES,
         "title": "Verification timeout (minutes)",
         "description": "Fail verification when no window under the new assignment arrives in time.",
     },
