@@ -159,7 +159,11 @@ def test_corrupted_plan_is_rejected_and_never_applied(dag, data, spark, monkeypa
     real = planners.get_planner
 
     class Corrupting:
-        """A faulty planner: one key on an instance that does not exist, metrics unchanged."""
+        """A faulty planner: one key on an instance that does not exist, metrics unchanged.
+        Its search (``propose``, which the backtest gate runs) is the real planner's."""
+
+        def __getattr__(self, name):
+            return getattr(real("milp"), name)
 
         def plan(self, problem, params):
             result = real("milp").plan(problem, params)
