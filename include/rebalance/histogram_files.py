@@ -61,7 +61,8 @@ def read_histogram_table(path: str | Path):
         return _read_delta(path)
     if path.is_file() and path.suffix.lower() == ".csv":
         return _read_csv(path, "histograms", (*REQUIRED, *OPTIONAL), key_column="key")
-    return _read_parquet(path, "histograms", (*REQUIRED, *OPTIONAL))
+    return _utf8_keys(_read_parquet(path, "histograms", (*REQUIRED, *OPTIONAL)), path,
+                      "histograms")
 
 
 def read_histograms(path: str | Path):
@@ -224,13 +225,41 @@ def _utf8_message(path: Path, what: str, message: str, names: list[str]) -> str:
     return f"cannot read {what} {path} as CSV:{column} holds text that is not UTF-8{where}"
 
 
+def _utf8_keys(table, path: Path, what: str):
+    """A Parquet ``key`` column of bytes (binary) must be UTF-8 text: refused naming the
+    file, the column and the first row that is not (not a bare codec error later)."""
+    import pyarrow as pa
+
+    if not hasattr(table, "column_names") or "key" not in table.column_names:
+        return table
+    column = table.column("key")
+    kind = column.type
+    if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+            or pa.types.is_fixed_size_binary(kind)
+            or getattr(pa.types, "is_binary_view", lambda _: False)(kind)):
+        return table
+    try:
+        column.cast(pa.large_string())
+    except pa.ArrowInvalid:
+        for row, value in enumerate(column.to_pylist()):
+            try:
+                if value is not None:
+                    value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(f"cannot read {what} {path} as Parquet: column 'key' holds "
+                                 f"bytes that are not UTF-8 text (row index {row}: "
+                                 f"{value[:40]!r})") from None
+        raise
+    return table
+
+
 def read_assignment_table(path: str | Path):
     """A current assignment file (Parquet or CSV, columns ``key`` and ``instance``)."""
     path = Path(path)
     check_input_path(path, "assignment")
     if path.is_file() and path.suffix.lower() == ".csv":
         return _read_csv(path, "assignment", ("key", "instance"), key_column="key")
-    return _read_parquet(path, "assignment", ("key", "instance"))
+    return _utf8_keys(_read_parquet(path, "assignment", ("key", "instance")), path, "assignment")
 
 
 def read_assignment(path: str | Path):

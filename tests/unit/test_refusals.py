@@ -253,3 +253,25 @@ def test_audit_refusals_before_spark_starts(argv, match, capsys):
     cap = capsys.readouterr()
     _assert_refused(code, cap.out, cap.err, match, cmd=argv[0])
     assert time.perf_counter() - t0 < 5  # no JVM was started
+
+
+@pytest.mark.parametrize("which", ["histograms", "assignment"])
+def test_parquet_keys_not_utf8_name_the_file_and_column(which, files, tmp_path, capsys):
+    """Issue 23 (row 17): Parquet keys stored as bytes that are not UTF-8 gave a bare
+    "'utf-8' codec can't decode byte 0xff" naming no file or column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad = files["dir"] / f"{which}.parquet"
+    keys = pa.array([b"k1", b"k\xff\xfe"], pa.binary())
+    if which == "histograms":
+        start = pa.array(np.array([T0[:-1]] * 2, dtype="datetime64[us]"), pa.timestamp("us", "UTC"))
+        pq.write_table(pa.table({"window_start": start, "key": keys,
+                                 "count": pa.array([1, 2], pa.int64())}), bad)
+    else:
+        pq.write_table(pa.table({"key": keys, "instance": pa.array([0, 1], pa.int64())}), bad)
+    code = cli.main(_plan_argv(files, tmp_path / "o", **{which: bad}))
+    cap = capsys.readouterr()
+    _assert_refused(code, cap.out, cap.err, rf"{which} {re.escape(str(bad))} as Parquet: "
+                    r"column 'key' holds bytes that are not UTF-8 text \(row index 1: ")
+    assert _written(tmp_path, files["dir"]) == []
