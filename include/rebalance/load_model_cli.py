@@ -62,7 +62,7 @@ def load_for_plan(args):
 
     from .forecast import forecast, history_needed, scenarios
     from .histogram_files import read_assignment_table, read_histogram_table
-    from .histograms import read_input
+    from .histograms import MAX_SERIES_CELLS, read_input
 
     model = args.load_model
     theta = float(args.theta)
@@ -82,16 +82,23 @@ def load_for_plan(args):
         return problem, summary, keys, tp, doc
     table = read_histogram_table(args.histograms)
     assignment = (None if args.assignment is None else read_assignment_table(args.assignment))
-    if model.name == "auto" and _window_count(table) < 2:
-        # nothing to backtest: today's problem, built once (10^6 keys: no second pass)
+    n_windows = _distinct(table, "window_start") if model.name == "auto" else 2
+    cells = n_windows * _distinct(table, "key") if n_windows >= 2 else 0
+    if model.name == "auto" and (n_windows < 2 or cells > MAX_SERIES_CELLS):
+        # nothing to backtest, or too much to replay: today's problem, built once
+        why = ("1 window given: too few to backtest a plan on windows it has not seen" if
+               n_windows < 2 else
+               f"{n_windows} windows x {cells // n_windows} keys = {cells} cells are too many "
+               f"to backtest (limit {MAX_SERIES_CELLS}); --load-model names a model to plan "
+               "on without a backtest")
         problem, summary, keys = _problem(table, assignment, args.instances, args.windows)
         summary["histograms_format"] = _format(args.histograms)
         tp = float(args.theta_plan or theta)
         doc.update(chosen=f"mean:windows={summary['windows_used']}", theta_plan=tp,
-                   stay=False, windows=int(summary["windows_used"]), windows_backtested=1,
+                   stay=False, windows=int(summary["windows_used"]), windows_backtested=0
+                   if n_windows >= 2 else 1,
                    target=0.9 if args.headroom_target is None else float(args.headroom_target),
-                   reason="1 window given: too few to backtest a plan on windows it has not "
-                          "seen; planned on the mean of the planned windows at theta_plan")
+                   reason=f"{why}; planned on the mean of the planned windows at theta_plan")
         args.windows = int(summary["windows_used"])
         return problem, summary, keys, tp, doc
     from .backtest import WindowHistory, calibrate, choose
@@ -174,14 +181,14 @@ def _format(path) -> str:
             "csv" if str(path).lower().endswith(".csv") else "parquet")
 
 
-def _window_count(table) -> int:
-    """Distinct ``window_start`` values of a histogram table (2 when it cannot tell: the
-    full path then checks the column and says what is wrong)."""
+def _distinct(table, column: str) -> int:
+    """Distinct values of ``column`` in a histogram table (2 when it cannot tell: the full
+    path then checks the column and says what is wrong)."""
     try:
         if hasattr(table, "column_names"):
             import pyarrow.compute as pc
 
-            return len(pc.unique(table.column("window_start")))
-        return int(table["window_start"].nunique())
+            return len(pc.unique(table.column(column)))
+        return int(table[column].nunique())
     except Exception:  # noqa: BLE001 - a missing or odd column is refused by the full path
         return 2

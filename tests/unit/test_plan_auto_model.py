@@ -124,3 +124,22 @@ def test_backtest_command_refuses_a_bad_policy(tmp_path, capsys):
                  "--policies", "mean@x"])
     assert code == 2
     assert "theta_plan 'x' is not a number" in capsys.readouterr().err
+
+
+def test_plan_auto_on_more_cells_than_a_backtest_replays_plans_on_the_mean(tmp_path):
+    """12 000 windows x 12 000 keys (each key in one window) is above the 2^27 cells a
+    replay may hold: the default auto plans as today (mean of --windows) and says why,
+    where it refused the whole input (issue 23, row 13)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 12_000
+    starts = pd.Timestamp("2024-01-01") + pd.to_timedelta(np.arange(n), unit="min")
+    pq.write_table(pa.table({"window_start": starts, "key": [f"k{i}" for i in range(n)],
+                             "count": np.ones(n, dtype=np.int64)}), tmp_path / "h.parquet")
+    out = tmp_path / "plan"
+    assert main(["plan", "--histograms", str(tmp_path / "h.parquet"), "--instances", "4",
+                 "--out", str(out)]) == 0
+    lm = json.loads((out / "plan.json").read_text())["load_model"]
+    assert lm["chosen"] == "mean:windows=1" and lm["windows_backtested"] == 0
+    assert "144000000 cells are too many to backtest" in lm["reason"], lm["reason"]
