@@ -321,3 +321,36 @@ def test_plan_reads_parquet_without_importing_pandas(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "False 0", done.stderr
+
+
+@pytest.mark.parametrize("earlier_plan", [False, True])
+def test_sigterm_while_the_plan_is_written_leaves_no_staging_folder(inputs, tmp_path,
+                                                                    monkeypatch, earlier_plan):
+    """SIGTERM arrives (deterministically: sent by the Parquet writer to this process) while
+    assignment.parquet sits in the staging folder: exit 143, the staging folder removed,
+    and --out as it was (absent, or the earlier plan byte for byte). Issue 23, row 14."""
+    import os
+    import signal
+
+    import pyarrow.parquet as pq
+
+    h, _ = inputs
+    out = tmp_path / "plan"
+    argv = ["plan", "--histograms", str(h), "--instances", "3", "--method", "mixed",
+            "--out", str(out)]
+    if earlier_plan:
+        assert cli.main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if earlier_plan else None
+    real = pq.write_table
+
+    def write_then_sigterm(table, where, *a, **k):
+        real(table, where, *a, **k)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(pq, "write_table", write_then_sigterm)
+    assert cli.main(argv) == 143
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    if earlier_plan:
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    else:
+        assert not out.exists()
