@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 from importlib import import_module
@@ -69,7 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         import_module(f"{__package__}.{name}").add_subcommands(subparsers)
+    for sub in subparsers.choices.values():
+        sub.description = for_users(sub.description)
     return parser
+
+
+def for_users(text: str | None) -> str | None:
+    """A docstring as ``--help`` shows it: Sphinx roles and reST literals become plain
+    text (``:mod:`rebalance.x``` -> rebalance.x, double backquotes -> single)."""
+    if not text:
+        return text
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "`")
 
 
 def _on_sigterm(signum, frame):  # pragma: no cover - exercised in a subprocess

@@ -47,11 +47,30 @@ ASSIGNMENT_FILE = "assignment.parquet"
 FORMAT_VERSION = 1
 
 
+#: What ``rebalance plan --help`` says (for users; the module docstring is for developers).
+HELP = """\
+Plan a new key-to-instance assignment from per-window key histograms (a Delta table
+directory, a Parquet file or directory, or a CSV file) and write it to DIR:
+
+  DIR/plan.json           parameters, input summary, metrics, load model and why,
+                          feasibility, timings
+  DIR/assignment.parquet  key, instance, moved: one row per key of the input
+
+By default (--load-model auto) the load the plan is made for is chosen by replaying the
+windows given: the model whose plans kept the most following windows within 1 + theta,
+or the current assignment when no plan would have beaten keeping it. With one window,
+the plan is made on it.
+
+DIR is replaced as a whole or not at all; bad input is refused in one line (exit 2) and
+writes nothing.
+"""
+
+
 def add_subcommands(subparsers) -> None:
     """Add ``plan`` to the ``rebalance`` command's subparsers."""
     p = subparsers.add_parser(
         "plan", help="plan a balanced key-to-instance assignment from key histograms",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--histograms", required=True, metavar="PATH",
                    help="Delta table directory, Parquet file/directory or CSV file with columns "
                         "window_start, key, count [, cost, state_bytes]")

@@ -354,3 +354,14 @@ def test_sigterm_while_the_plan_is_written_leaves_no_staging_folder(inputs, tmp_
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     else:
         assert not out.exists()
+
+
+def test_every_help_text_is_written_for_users(capsys):
+    """No subcommand's --help prints developer markup (Sphinx roles, reST literals)."""
+    import re
+
+    parser = cli.build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    for name, sub in action.choices.items():
+        text = sub.format_help()
+        assert not re.search(r":(mod|class|func|data|meth|attr):`|``", text), (name, text)
