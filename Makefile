@@ -58,6 +58,7 @@ $(AIRFLOW_HOME)/.initialised: $(VENV)/.installed
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup

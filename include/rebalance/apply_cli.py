@@ -281,7 +281,7 @@ def apply_plan(args: argparse.Namespace) -> int:
     from .control.errors import ApplyRefused, PlanRejected, RunSkipped
     from .control.inputs import assignment_frame, plan_store
     from .control.params import RunInfo, RunParams
-    from .control.records import PlanRecord, PlanStatus, hash_id
+    from .records import PlanRecord, PlanStatus, hash_id
     from .spark import tables
 
     document, table = read_plan_dir(args.plan)
@@ -361,7 +361,7 @@ def latest_window_imbalance(spark, n_instances: int, n_windows: int) -> list[tup
     import numpy as np
     from pyspark.sql import functions as F
 
-    from .control.records import as_utc
+    from .records import as_utc
     from .model import imbalance
     from .spark import tables
 
@@ -390,7 +390,7 @@ def status(args: argparse.Namespace) -> int:
     """``rebalance status``."""
     from .cli import UserError
     from .control.inputs import plan_store
-    from .control.records import STATUS_ORDER, PlanStatus
+    from .records import STATUS_ORDER, PlanStatus
     from .spark import tables
 
     if not 1 <= args.windows <= MAX_STATUS_WINDOWS:

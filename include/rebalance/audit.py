@@ -140,7 +140,7 @@ def rollback(args: argparse.Namespace) -> int:
     from .apply_cli import cli_spark_session, refuse_unreadable_tables
     from .control import rollout
     from .control.errors import ApplyRefused, PlanRejected
-    from .control.records import PlanStoreError
+    from .records import PlanStoreError
     from .control.rollback import propose_rollback
 
     _check_rollback_args(args)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .control.records import FRAME_COLUMNS
+from .records import FRAME_COLUMNS
 
 ASSIGNMENT_COLUMNS = FRAME_COLUMNS
 _ROUND = 9  # digits compared when checking reported against recomputed metrics

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from .control.records import PlanRecord
+from .records import PlanRecord
 from .spark import tables
 from .spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
 

@@ -71,7 +71,7 @@ def traffic(skewed: bool) -> dict[str, int]:
 
 def write_windows(spark, starts, counts, version=0, routing=None):
     """Histogram rows of closed windows, appended as the streaming job appends them."""
-    from rebalance.control.records import as_utc
+    from rebalance.records import as_utc
     from rebalance.spark import tables
 
     default, group = placement()

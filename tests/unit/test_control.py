@@ -19,7 +19,7 @@ for name in ("rebalance", "rebalance_rollback"):
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
 for name in ("rebalance.model", "rebalance.bounds", "rebalance.placement", "rebalance.histograms",
              "rebalance.validation", "rebalance.trigger", "rebalance.planners",
-             "rebalance.control.records", "rebalance.control.params", "rebalance.control.inputs",
+             "rebalance.records", "rebalance.control.params", "rebalance.control.inputs",
              "rebalance.control.tasks", "rebalance.control.rollout", "rebalance.control.rollback",
              "rebalance.methods", "rebalance.apply_cli", "rebalance.cli"):
     importlib.import_module(name)
@@ -71,7 +71,7 @@ def test_run_params_are_canonical_and_checked_once():
 def test_a_plan_record_round_trips_through_its_row():
     import datetime as dt
 
-    from rebalance.control.records import PlanRecord, PlanStatus, as_utc, to_json
+    from rebalance.records import PlanRecord, PlanStatus, as_utc, to_json
 
     t = dt.datetime(2026, 1, 1, 0, 10, tzinfo=dt.timezone.utc)
     record = PlanRecord(plan_id="p", status=PlanStatus.PROPOSED.value, method="mixed",

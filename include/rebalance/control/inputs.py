@@ -22,7 +22,7 @@ from ..backtest import WindowHistory
 from ..model import PlanningError, Problem
 from .errors import RunSkipped
 from .params import RunInfo, RunParams
-from .records import FRAME_COLUMNS, as_utc
+from ..records import FRAME_COLUMNS, as_utc
 
 if TYPE_CHECKING:
     from ..spark.plan_store import PlanStore

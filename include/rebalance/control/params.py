@@ -17,7 +17,7 @@ from ..model import PlanParams
 from ..planners import METHODS
 from ..trigger import TRIGGER_RULES
 from .errors import InvalidParams
-from .records import as_utc, hash_id
+from ..records import as_utc, hash_id
 
 DAG_ID = "rebalance"
 #: ``apply_mode=auto``: share of the job's state a plan must move (the state a live switch

@@ -23,7 +23,7 @@ from ..model import imbalance
 from .errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
 from .inputs import plan_store, spark_session
 from .params import AUTO_RESTART_ABOVE, unpack
-from .records import (
+from ..records import (
     APPLY_LEASE,
     LIVE_STATUSES,
     PlanRecord,

@@ -34,7 +34,7 @@ from .inputs import (
     window_history,
 )
 from .params import RunInfo, RunParams, plan_id_for, unpack
-from .records import LIVE_STATUSES, PlanRecord, PlanStatus, utcnow
+from ..records import LIVE_STATUSES, PlanRecord, PlanStatus, utcnow
 
 if TYPE_CHECKING:
     from ..spark.plan_store import PlanStore

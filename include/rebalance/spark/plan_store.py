@@ -42,7 +42,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..control.records import (
+from ..records import (
     APPLY_LEASE,
     FRAME_COLUMNS,
     LIVE_STATUSES,
