@@ -361,8 +361,8 @@ def latest_window_imbalance(spark, n_instances: int, n_windows: int) -> list[tup
     import numpy as np
     from pyspark.sql import functions as F
 
-    from .records import as_utc
     from .model import imbalance
+    from .records import as_utc
     from .spark import tables
 
     if not tables.exists(spark, tables.KEY_HISTOGRAMS):

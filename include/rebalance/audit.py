@@ -140,8 +140,8 @@ def rollback(args: argparse.Namespace) -> int:
     from .apply_cli import cli_spark_session, refuse_unreadable_tables
     from .control import rollout
     from .control.errors import ApplyRefused, PlanRejected
-    from .records import PlanStoreError
     from .control.rollback import propose_rollback
+    from .records import PlanStoreError
 
     _check_rollback_args(args)
     spark = cli_spark_session()

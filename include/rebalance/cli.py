@@ -32,7 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "service",
     "kafka",
     "cluster",
-    "airflow_client",
+    "trigger_cli",
 )
 
 

@@ -335,8 +335,9 @@ class Service:
         return found
 
     # ----------------------------------------------------------------------- up
-    def up(self, wait: bool = True) -> list[str]:
-        """Start every component that is not running; return the names started."""
+    def up(self, wait: bool = True, unpause: bool = True) -> list[str]:
+        """Start every component that is not running (then, with ``unpause``, make sure the
+        ``rebalance`` DAG is not paused); return the names started."""
         for folder in (self.s.pids, self.s.logs, self.s.airflow_home):
             folder.mkdir(parents=True, exist_ok=True)
         if self.parts is components:
@@ -360,7 +361,26 @@ class Service:
                 self._await_ready(comp, rec)
             if comp.name == "spark-connect" and wait:
                 self._warm_connect()
+        if wait and unpause and self.parts is components:
+            self._unpause()
         return started
+
+    def _unpause(self) -> None:
+        """The ``rebalance`` DAG runs on its schedule from ``up`` on. A new DAG is created
+        unpaused (``dags_are_paused_at_creation`` False), but one registered earlier,
+        paused (Airflow's default: ``make demo``, ``airflow dags test``), keeps its flag in
+        Airflow's database: unpause it, and say so."""
+        from .airflow_client import AirflowClient, AirflowError
+        from .control.params import DAG_ID
+
+        try:
+            api = AirflowClient(self.s.api_url, *self.login(), timeout=30)
+            if api.get(f"/api/v2/dags/{DAG_ID}")["is_paused"]:
+                api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+                self.out(f"{DAG_ID:14s} unpaused (it was registered paused earlier)")
+        except AirflowError as exc:
+            if exc.status != 404:  # 404: not parsed yet, it will be created unpaused
+                self.out(f"{DAG_ID:14s} could not be unpaused: {exc}; unpause it in the UI")
 
     def _record_source(self) -> None:
         """Record the source ``down`` / ``status`` go by (another one while it runs: refused)."""

@@ -426,7 +426,8 @@ class ServiceStack(Service):
         try:
             self.s = dataclasses.replace(self.s, schedule=schedule)
             self.down(only=["dag-processor"])
-            assert "dag-processor" in self.up()  # (and whatever else is down)
+            # (and whatever else is down); the DAG stays paused until it is re-parsed
+            assert "dag-processor" in self.up(unpause=False)
             deadline = time.monotonic() + timeout
             while api.get(path)["timetable_summary"] == before:
                 if time.monotonic() > deadline:

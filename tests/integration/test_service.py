@@ -128,6 +128,24 @@ def _listening(pids: set[int]) -> list[tuple[int, str]]:
     return out
 
 
+def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
+    """``make demo`` (or ``airflow dags test``) registers the DAG paused and Airflow keeps the
+    flag; ``make up`` afterwards must unpause it, or nothing is ever scheduled. Here the
+    DAG is paused, then ``up`` runs again over the running stack (every component is
+    already up, as after ``make demo && make up``) and unpauses it."""
+    path = "/api/v2/dags/rebalance"
+    api.call("PATCH", path, {"is_paused": True})
+    assert api.get(path)["is_paused"] is True
+    lines: list[str] = []
+    out, quiet.out = quiet.out, lines.append
+    try:
+        assert quiet.up() == []  # nothing new started
+    finally:
+        quiet.out = out
+    assert api.get(path)["is_paused"] is False
+    assert any("unpaused" in line for line in lines), lines
+
+
 def test_every_process_of_the_service_listens_on_loopback_only(service):
     from rebalance.processes import descendants as _children
 

@@ -9,8 +9,8 @@ import socket
 import pytest
 
 from rebalance import cli
-from rebalance.airflow_client import parse_settings
 from rebalance.control.params import PARAMS_SCHEMA, RunParams
+from rebalance.trigger_cli import parse_settings
 
 
 def test_settings_are_json_values_or_text():

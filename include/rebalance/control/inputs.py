@@ -20,9 +20,9 @@ import pandas as pd
 
 from ..backtest import WindowHistory
 from ..model import PlanningError, Problem
+from ..records import FRAME_COLUMNS, as_utc
 from .errors import RunSkipped
 from .params import RunInfo, RunParams
-from ..records import FRAME_COLUMNS, as_utc
 
 if TYPE_CHECKING:
     from ..spark.plan_store import PlanStore

@@ -15,9 +15,9 @@ from typing import Any
 from ..forecast import LOAD_MODELS, LoadModel, LoadModelError
 from ..model import PlanParams
 from ..planners import METHODS
+from ..records import as_utc, hash_id
 from ..trigger import TRIGGER_RULES
 from .errors import InvalidParams
-from ..records import as_utc, hash_id
 
 DAG_ID = "rebalance"
 #: ``apply_mode=auto``: share of the job's state a plan must move (the state a live switch

@@ -15,9 +15,9 @@ import numpy as np
 
 from ..model import Problem, evaluate
 from ..placement import default_instances
+from ..records import PlanRecord, PlanStatus, as_utc, hash_id
 from .inputs import assignment_frame, plan_store
 from .params import RunInfo, RunParams
-from ..records import PlanRecord, PlanStatus, as_utc, hash_id
 
 #: The run identity of rollbacks stored from the command line.
 ROLLBACK_DAG_ID = "rebalance-cli"

@@ -20,9 +20,6 @@ from typing import Any
 import numpy as np
 
 from ..model import imbalance
-from .errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
-from .inputs import plan_store, spark_session
-from .params import AUTO_RESTART_ABOVE, unpack
 from ..records import (
     APPLY_LEASE,
     LIVE_STATUSES,
@@ -32,6 +29,9 @@ from ..records import (
     as_utc,
     utcnow,
 )
+from .errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
+from .inputs import plan_store, spark_session
+from .params import AUTO_RESTART_ABOVE, unpack
 from .tasks import new_routing, publish, validate
 
 log = logging.getLogger(__name__)

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..records import LIVE_STATUSES, PlanRecord, PlanStatus, utcnow
 from ..trigger import TriggerPolicy
 from ..validation import PlanLimits, validate_plan
 from . import decide
@@ -34,7 +35,6 @@ from .inputs import (
     window_history,
 )
 from .params import RunInfo, RunParams, plan_id_for, unpack
-from ..records import LIVE_STATUSES, PlanRecord, PlanStatus, utcnow
 
 if TYPE_CHECKING:
     from ..spark.plan_store import PlanStore
