@@ -334,11 +334,13 @@ DAG = "rebalance"
 #: The schedule while a test wants the scheduler to plan on its own: a run every 30 s,
 #: whose data interval holds the 6 windows of 5 s a run looks back on.
 SCHEDULE = "30s"
-#: The schedule while a test wants no scheduled run: a yearly cron (the DAG's first
-#: interval, from its start date 2026-01-01, ends in 2027). Pausing the DAG would not do:
-#: Airflow starts no run of a paused DAG, the manual runs every test triggers included
-#: (they stay queued), so the schedule itself is switched (:meth:`ServiceStack.set_schedule`).
-QUIET = "0 0 1 1 *"
+#: The schedule while a test wants no scheduled run: manual runs only (a manual run,
+#: triggered from the UI's form with a logical date or over REST without one, plans on the
+#: latest windows stored; a yearly cron would give a UI-triggered run last year's
+#: interval). Pausing the DAG would not do: Airflow starts no run of a paused DAG, the
+#: manual runs every test triggers included (they stay queued), so the schedule itself is
+#: switched (:meth:`ServiceStack.set_schedule`).
+QUIET = "none"
 #: Airflow settings of the test stack (Airflow 3.3's defaults in brackets): a task whose
 #: supervisor stopped heartbeating is failed after 60 s [300], checked every 5 s [10];
 #: a scheduler is taken for dead after 15 s [30] and orphaned tasks are looked for every

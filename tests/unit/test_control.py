@@ -161,3 +161,14 @@ def test_verify_checks_the_bound_the_user_set_not_the_prediction():
     assert not 1.2 <= verify_limit(0.1, 0.02)
     assert 1.119 <= verify_limit(0.1, 0.02) and not 1.121 <= verify_limit(0.1, 0.02)
     assert verify_limit(0.05, 0.0) == pytest.approx(1.05)
+
+
+def test_the_schedule_none_means_manual_runs_only(monkeypatch):
+    """REBALANCE_SCHEDULE=none: no timetable (no scheduled run; a manual run's data interval
+    is the instant it was triggered, so it plans on the latest windows stored)."""
+    from rebalance.control.params import timetable
+
+    monkeypatch.setenv("REBALANCE_SCHEDULE", "none")
+    assert timetable() is None
+    assert timetable("Manual") is None
+    assert timetable("30s") is not None

@@ -179,7 +179,8 @@ def timetable(spec: str | None = None):
     A cron expression gives clock-aligned intervals (``CronDataIntervalTimetable``); a
     duration such as ``"30s"``, ``"5m"`` or ``"1h"`` gives intervals of that length
     (``DeltaDataIntervalTimetable``, used by the demo). Either way each run's data
-    interval is the span of histogram windows it plans on.
+    interval is the span of histogram windows it plans on. ``"none"``: manual runs only
+    (None: no scheduled run; a manual run plans on the latest windows stored).
     """
     import os
     import re
@@ -187,6 +188,8 @@ def timetable(spec: str | None = None):
     from airflow.sdk import CronDataIntervalTimetable, DeltaDataIntervalTimetable
 
     spec = (spec or os.environ.get("REBALANCE_SCHEDULE") or DEFAULT_SCHEDULE).strip()
+    if spec.lower() in ("none", "manual"):
+        return None
     m = re.fullmatch(r"(\d+)\s*([smh])", spec)
     if m:
         unit = {"s": "seconds", "m": "minutes", "h": "hours"}[m.group(2)]
