@@ -102,3 +102,11 @@ def test_no_import_cycle_among_rebalance_modules():
         if v not in index:
             visit(v)
     assert cycles == []
+
+
+def test_no_two_test_modules_share_a_name():
+    """tests/ has no __init__.py: two test files with one basename stop pytest's collection
+    of the whole suite ("import file mismatch")."""
+    tests = Path(__file__).resolve().parents[1]
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
