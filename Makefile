@@ -15,6 +15,10 @@ export REBALANCE_JARS_DIR ?= $(JARS)
 export PYTHONDONTWRITEBYTECODE := 1
 
 PYTEST_ARGS ?=
+# The suite runs in two pytest-xdist workers, whole modules each (module-scoped scenarios stay
+# in one process); tests/conftest.py hands out the longest modules first.
+PYTEST_WORKERS ?= 2
+PYTEST_DIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # make up SOURCE=kafka: the service also runs a Kafka broker; the generator and the job use it.
 SOURCE ?= delta
 
@@ -59,7 +63,7 @@ $(AIRFLOW_HOME)/.initialised: $(VENV)/.installed
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -67,3 +67,26 @@ def kafka_broker(tmp_path_factory):
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(TEST_AIRFLOW_HOME, ignore_errors=True)
+
+
+# Seconds each slow module took in a serial fresh-clone run (docs/testing.md), rounded.
+# Under pytest-xdist (`make test` runs two workers, whole modules each: --dist loadfile)
+# modules are handed out in collection order, so the longest go first and the short ones
+# and the unit tests fill the gaps at the end (longest processing time first). A module
+# missing here counts as short; a wrong figure only costs balance, never a test.
+MODULE_SECONDS = {
+    "test_faults.py": 680, "test_restart.py": 570, "test_service.py": 540,
+    "test_service_faults.py": 520, "test_cluster.py": 420, "test_streaming.py": 220,
+    "test_kafka.py": 210, "test_kafka_restart.py": 170, "test_dedup_restart.py": 136,
+    "test_dag.py": 120, "test_maintenance_spark.py": 110, "test_apply_cli.py": 87,
+    "test_approval.py": 65, "test_dag_backtest.py": 50,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):      # serial run: keep the files' order
+        return
+    rank = {}
+    for i, item in enumerate(items):
+        rank.setdefault(item.path, (-MODULE_SECONDS.get(item.path.name, 0), i))
+    items.sort(key=lambda item: rank[item.path])  # stable: tests keep their order in a module
