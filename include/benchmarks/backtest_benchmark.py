@@ -221,6 +221,51 @@ def issue_check(directory: Path, method: str = "auto") -> list[dict]:
     return rows
 
 
+def causal_bound(name: str, calibration_share: float, method: str, log) -> list[dict]:
+    """On a synthetic trace: what any forecast from the past could reach, beside the
+    distribution oracle. Chains planned on the generator's own distribution (its expected
+    counts, no sampling noise): ``known-past``, all that can be known of the judged window
+    before it (the frequencies of the window before, as the hot keys' swaps at a window are
+    random, with the judged window's sine, which is deterministic): no forecast from the
+    past can know more; and ``truth-now``, the judged window's own distribution (what the
+    distribution oracle approximates). Best over the headroom grid; judged on the same
+    windows as :func:`run_trace`."""
+    from rebalance.backtest import WindowHistory, backtest, given_forecasts
+
+    trace = trace_lib.TRACES[name]
+    if trace.archive is not None:
+        raise SystemExit(f"backtest_benchmark: --causal-bound needs a synthetic trace, "
+                         f"{name} is real")
+    spec = dict(trace.synthetic, n_instances=trace.n_instances)
+    frame = trace_lib.synthetic_counts(**spec)
+    history = WindowHistory.from_counts(frame, key="key", window="window", count="count",
+                                        n_instances=trace.n_instances)
+
+    def given(expected: str) -> np.ndarray:
+        frame = trace_lib.synthetic_counts(**spec, expected=expected)
+        # windows are 0 .. T - 1 in both (the history holds them as dates from the epoch)
+        out = (frame.pivot(index="window", columns="key", values="count").sort_index()
+               .reindex(columns=history.keys).fillna(0.0).to_numpy())
+        assert out.shape == history.loads.shape and out.sum() > 0, out.shape
+        return out
+
+    need = max(8, trace.period or 0, 7)
+    cut = max(need + 4, int(round(history.n_windows * calibration_share)))
+    steps = list(range(cut, history.n_windows))
+    theta = trace.theta
+    rows = []
+    oracle = backtest(history, [], theta, start=cut, baselines=("distribution-oracle",),
+                      baseline_method=method).summary
+    rows.append(dict(oracle[oracle["policy"] == "distribution-oracle"].iloc[0]))
+    for label, expected in (("known-past", "known-past"), ("truth-now", "now")):
+        best = given_forecasts(history, given(expected), theta, steps, label, method=method)
+        log(f"[{name}] {label}: " + ", ".join(
+            f"{b['theta_plan']:g}: {b['share_within']:.1%}/{b['mean_imbalance']:.3f}"
+            for b in sorted(best, key=lambda b: -b["theta_plan"])))
+        rows.append(dict(best[0], policy=label))
+    return rows
+
+
 def format_table(res: dict) -> str:
     s = res["summary"]
     lines = [f"{'policy':28} {'theta_plan':>10} {'within':>7} {'mean':>7} {'p90':>7} "
@@ -309,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-share", type=float, default=0.25,
                    help="share of the windows calibration sees; judging starts after them")
     p.add_argument("--dir", type=Path, default=trace_lib.DEFAULT_DIR, help="archives folder")
+    p.add_argument("--causal-bound", action="store_true",
+                   help="on the synthetic traces only: what a forecast from the past could "
+                        "reach (plans on the generator's own distribution of the window "
+                        "before), beside the distribution oracle")
     p.add_argument("--issue-check", action="store_true",
                    help="only reproduce issue 19's measured figures on nyc-dest (planner auto)")
     args = p.parse_args(argv)
@@ -337,6 +386,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"backtest_benchmark: unknown trace(s) {unknown or names}; known: "
               f"{', '.join(trace_lib.TRACES)}", file=sys.stderr)
         return 2
+    if args.causal_bound:
+        synthetic = [n for n in names if trace_lib.TRACES[n].archive is None]
+        out = {}
+        for name in synthetic:
+            out[name] = causal_bound(name, args.calibration_share, args.method,
+                                     lambda *a: print(*a, file=sys.stderr, flush=True))
+        if args.json:
+            print(json.dumps(out, indent=1, default=str))
+            return 0
+        for name, rows in out.items():
+            print(f"\n== {name}: best over headroom of each (share within 1 + theta, mean, "
+                  f"theta_plan)")
+            for r in rows:
+                print(f"  {r['policy']:20} {r['share_within']:6.1%}  mean "
+                      f"{r['mean_imbalance']:.3f}  p90 {r['p90_imbalance']:.3f}  theta_plan "
+                      f"{r['theta_plan']:g}  migration/step {r['migration_per_step']:.2%}")
+        return 0
     if not 0 < args.calibration_share < 1:
         print(f"backtest_benchmark: --calibration-share must be in (0, 1), got "
               f"{args.calibration_share}", file=sys.stderr)

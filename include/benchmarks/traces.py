@@ -276,13 +276,18 @@ def _us_origin_hourly(directory: Path) -> pd.DataFrame:
 
 
 def synthetic_counts(n_keys: int, zipf: float, fluctuation: float, amplitude: float, period: int,
-                     events: int, windows: int, seed: int, n_instances: int) -> pd.DataFrame:
+                     events: int, windows: int, seed: int, n_instances: int,
+                     expected: str | None = None) -> pd.DataFrame:
     """Seed 003's drifting Zipf frequencies times a per-key phase-shifted sine, sampled.
 
     Window t's expected share of key k is ``freq_t(k) * (1 + amplitude * sin(2 pi t / period
     + phi_k))`` renormalised, with ``freq_t`` from :class:`rebalance.synthetic.SyntheticWorkload`
     (fluctuation f measured under hashing on ``n_instances``) and ``phi_k`` uniform on
     [0, 2 pi); its counts are a multinomial draw of ``events`` events. Deterministic for a seed.
+    ``expected``: the expected counts instead (``events`` x share, floats, every key):
+    ``"now"`` the generator's own distribution of each window, without its sampling noise;
+    ``"known-past"`` what can be known of window t before it: the frequencies of window
+    t - 1 (the hot keys' swaps at t are random) with window t's sine (deterministic).
     """
     from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
 
@@ -293,13 +298,24 @@ def synthetic_counts(n_keys: int, zipf: float, fluctuation: float, amplitude: fl
     rng = np.random.default_rng([seed, 19])
     phase = rng.uniform(0, 2 * np.pi, n_keys)
     frames = []
+    if expected not in (None, "now", "known-past"):
+        raise ValueError(f"expected must be None, 'now' or 'known-past', got {expected!r}")
     for t in range(windows):
-        share = work.frequencies(t) * (1 + amplitude * np.sin(2 * np.pi * t / period + phase))
-        counts = rng.multinomial(events, share / share.sum())
+        season = 1 + amplitude * np.sin(2 * np.pi * t / period + phase)
+        share = work.frequencies(t) * season
+        share = share / share.sum()
+        counts = rng.multinomial(events, share)   # drawn either way: the same stream
+        if expected is not None:
+            if expected == "known-past":
+                share = work.frequencies(max(t - 1, 0)) * season
+                share = share / share.sum()
+            frames.append(pd.DataFrame({"window": t, "key": work.keys, "count": events * share}))
+            continue
         seen = np.flatnonzero(counts)
         frames.append(pd.DataFrame({"window": t, "key": work.keys[seen], "count": counts[seen]}))
     out = pd.concat(frames, ignore_index=True)
-    out["count"] = out["count"].astype(np.int64)
+    if not expected:
+        out["count"] = out["count"].astype(np.int64)
     return out[COLUMNS]
 
 

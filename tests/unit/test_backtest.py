@@ -270,3 +270,20 @@ def test_auto_policy_in_the_backtest_never_loses_to_staying_when_plans_do_not_ho
     reasons = [why for _, why in r.choices["auto"]]
     assert any("do not hold" in w or "does not pay" in w for w in reasons)
     assert not math.isnan(s.loc["auto", "share_within"])
+
+
+def test_given_forecasts_plan_on_what_they_are_given_and_are_judged_on_the_stored_windows():
+    from rebalance.backtest import given_forecasts
+
+    h = _history(SKEW)
+    # given the judged window's own loads, every plan holds (the per-window oracle)
+    own = given_forecasts(h, h.loads, 0.08, [1, 2], "own", grid=[0.08, 0.02])
+    assert [s["share_within"] for s in own] == [1.0, 1.0]
+    assert own[0]["mean_imbalance"] == pytest.approx(1.0)
+    # given the window before (window 0 is even: nothing to plan), window 1 is missed
+    before = np.vstack([h.loads[:1], h.loads[:-1]])
+    late = given_forecasts(h, before, 0.08, [1, 2], "late", grid=[0.08])
+    assert late[0]["share_within"] == 0.5
+    assert late[0]["mean_imbalance"] == pytest.approx((4 / 3 + 1.0) / 2)
+    with pytest.raises(BacktestError, match=r"forecasts must have shape \(3, 4\)"):
+        given_forecasts(h, h.loads[:2], 0.08, [1], "short")

@@ -48,6 +48,7 @@ from .engine import (
     SUMMARY_COLUMNS,
     BacktestResult,
     backtest,
+    given_forecasts,
     headroom_grid,
     window_imbalance,
 )
@@ -66,5 +67,5 @@ __all__ = ["AUTO_HEADROOM", "AUTO_MODELS", "AUTO_PERIODS", "BACKTEST_TIME_LIMIT"
            "HEADROOM_FRACTIONS", "MAX_MIGRATION_RATIO", "ORACLE_WINDOWS", "STEP_COLUMNS",
            "SUMMARY_COLUMNS", "BacktestError", "BacktestResult", "Calibration", "Choice",
            "Holdout", "LoadModelError", "PlanningError", "Policy", "WindowHistory", "backtest",
-           "calibrate", "choose", "default_candidates", "headroom_grid", "holds",
+           "calibrate", "choose", "default_candidates", "given_forecasts", "headroom_grid", "holds",
            "window_imbalance"]

@@ -404,3 +404,35 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
             chain.choices.append((chosen.name, why))  # type: ignore[attr-defined]
         out.append(chain)
     return out
+
+
+def given_forecasts(history: WindowHistory, forecasts: np.ndarray, theta: float,
+                    steps: Sequence[int], name: str, method: str = "mixed",
+                    grid: Sequence[float] | None = None) -> list[dict]:
+    """Chains planned at every step ``t`` on ``forecasts[t]`` (T x K loads given from
+    outside the stored windows, e.g. a synthetic generator's expected counts), judged on
+    the stored window ``t``, one chain per theta_plan of :func:`headroom_grid`; their
+    summaries, best first (:func:`_best`).
+
+    What a forecast *could* reach: given the generator's own distribution of window
+    ``t - 1`` (no sampling noise, nothing about ``t``), no forecast from the past can do
+    better on a trace whose changes at ``t`` are independent of the past.
+    """
+    forecasts = np.asarray(forecasts, dtype=np.float64)
+    if forecasts.shape != history.loads.shape:
+        raise BacktestError(f"forecasts must have shape {history.loads.shape}, "
+                            f"got {forecasts.shape}")
+    eng = _Engine(history, theta, None)
+    mean = LoadModel("mean")
+    out = []
+    for tp in headroom_grid(theta, grid):
+        chain = _Chain(f"{name}@{tp:g}", "baseline", history.default.copy(), tp)
+        for t in steps:
+            before = chain.a
+            new, pred, mig, moved, sec = eng.plan(before, forecasts[t:t + 1],
+                                                  forecasts[t], mean, tp, method)
+            chain.a = new
+            eng.judge(chain, t, [t], before, pred, mig, moved, sec)
+        out.append(_summarise(chain, theta))
+    return sorted(out, key=lambda s: (-s["share_within"], s["mean_imbalance"],
+                                      s["migration_per_step"]))
