@@ -7,6 +7,11 @@ Experiments (``--experiment``):
   seed002-budgets  seed 002 Figs. 2-4: MILP vs Flux-style moves under 10/20/30/40 migrations,
                    20/40/60 instances with 400/800/1200 key groups
   seed001-elb-clb  seed 001 Sec. 5.1: Gaussian vs Zipf substreams, ELB vs CLB (amortised)
+  seed001-baselines
+                   seed 001 Sec. 5: its baselines UHLB (one universal hash) and PKG (each
+                   tuple to the less-loaded of two hashed instances) and D-Choices next
+                   to ELB, CLB, auto and hash at N = 10: imbalance, state moved, and what
+                   merging the split keys costs; then the speedup over N = 1..15
   replay           a histogram table the streaming job wrote (--histograms, --instances)
   scale            the whole `rebalance plan` command at K = 10^4 .. 10^7 keys (N = 64,
                    theta 0.02, Zipf 0.7, one window): wall, input and plan seconds, peak
@@ -16,7 +21,10 @@ Experiments (``--experiment``):
 Writes DIR/results.csv (one row per experiment point, planner and interval),
 DIR/summary.csv (one row per point and planner) and PNG plots into DIR, and prints the
 summary table. Planner names: the registry's (hash, lpt, elb, clb, milp, mintable, minmig,
-mixed, greedy, auto) and flux; ``name@m`` rebalances every m intervals only.
+mixed, greedy, auto), flux, and the hash routings uhlb (one hash), pkg, dchoices and
+wchoices (these three split hot keys over several instances); the routings are compared
+here only, ``rebalance plan`` cannot apply them. ``name@m`` rebalances every m intervals
+only.
 """
 
 from __future__ import annotations
@@ -30,8 +38,8 @@ from pathlib import Path
 #: The experiments (``rebalance.evaluation.experiments.EXPERIMENTS`` and ``scale``); listed
 #: here so that building the parser imports neither pandas nor the experiments (1 s of
 #: every ``rebalance`` command's start, measured in issue 11).
-EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb", "replay",
-               "scale")
+EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb",
+               "seed001-baselines", "replay", "scale")
 #: Refused above these (issue 14): ``--keys`` of the scale experiment (10^7 keys peak at
 #: about 3 GB RSS; 5 x 10^7 is the most this 24 GiB machine plans with room to spare) and
 #: ``--intervals`` (each interval is a whole plan of every planner).
@@ -168,6 +176,51 @@ def format_table(summary, columns=TABLE_COLUMNS) -> str:
     return "\n".join(lines).rstrip()
 
 
+#: seed001-baselines: the N = 10 table's columns (see ``format_seed001_baselines``).
+BASELINE_COLUMNS = (("planner", "planner", 1), ("imbalance", "imbalance_next", 1),
+                    ("worst", "imbalance_next_max", 1), ("var/mean^2", "load_var_next", 1),
+                    ("moved %/window", "migration_fraction", 100),
+                    ("moved %/rebalance", "migration_per_rebalance", 100),
+                    ("split keys", "split_keys", 1), ("extra partials", "extra_partials", 1),
+                    ("merged %/window", "consolidation_fraction", 100),
+                    ("d", "choices", 1), ("speedup", "speedup", 1))
+
+
+def format_seed001_baselines(summary) -> str:
+    """seed001-baselines: one table per N = 10 stream, then speedup against N."""
+    if summary.empty:
+        return "(no results)"
+    lines = []
+    n10 = summary[summary["sweep"] == "n10"]
+    for _, block in n10.groupby("point", sort=True):
+        first = block.iloc[0]
+        lines.append(f"[N={_fmt(first['N'])}: {first['stream']}, {first['distribution']}, "
+                     f"{_fmt(first['p'])} keys, theta={_fmt(first['theta'])}, "
+                     f"{_fmt(first['intervals'])} windows]")
+        cols = [c for c in BASELINE_COLUMNS if c[1] in block.columns]
+        rows = [[_fmt(r[c] * scale if scale != 1 else r[c]) for _, c, scale in cols]
+                for _, r in block.iterrows()]
+        lines.extend(_aligned([h for h, _, _ in cols], rows))
+        lines.append("")
+    speed = summary[summary["sweep"] == "speedup"]
+    if not speed.empty:
+        first = speed.iloc[0]
+        lines.append(f"[speedup = sum of window loads / sum of the largest instance's load "
+                     f"(1 instance = 1): {first['stream']}, {first['distribution']}, "
+                     f"{_fmt(first['p'])} keys, {_fmt(first['intervals'])} windows per N]")
+        table = speed.pivot_table(index="N", columns="planner", values="speedup", sort=False)
+        planners = list(dict.fromkeys(speed["planner"]))
+        rows = [[_fmt(n), _fmt(n)] + [f"{table.loc[n, p]:.2f}" for p in planners]
+                for n in table.index]
+        lines.extend(_aligned(["N", "ideal", *planners], rows))
+    return "\n".join(lines).rstrip()
+
+
+def _aligned(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    return ["  ".join(v.rjust(w) for v, w in zip(line, widths)) for line in [header, *rows]]
+
+
 def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -219,7 +272,8 @@ def _run_experiment(args) -> int:
     results.to_csv(out / "results.csv", index=False)
     summary.to_csv(out / "summary.csv", index=False)
     pngs = [] if args.no_plots else plot_experiment(args.experiment, results, summary, out)
-    print(format_table(summary))
+    print(format_seed001_baselines(summary) if args.experiment == "seed001-baselines"
+          else format_table(summary))
     print(f"\n{len(results)} rows, {len(points)} point(s), {time.perf_counter() - t0:.1f} s; "
           f"wrote {out / 'results.csv'}, {out / 'summary.csv'}"
           + (f" and {len(pngs)} PNG(s)" if pngs else ""))

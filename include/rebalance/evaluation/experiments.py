@@ -8,6 +8,9 @@
   groups, node perturbation ``varies`` 20 % and 60 %.
 * ``seed001-elb-clb``: seed 001 Sec. 5.1: Gaussian vs Zipf substreams, ELB every window
   vs CLB every m windows (per-rebalance and amortised movement), full re-pack and hash.
+* ``seed001-baselines``: seed 001 Sec. 5: its baselines UHLB and PKG (and D-Choices)
+  next to ELB, CLB, auto and hash at N = 10 (imbalance, state moved, consolidation),
+  and the speedup over N = 1..15.
 * ``replay``: a histogram table of the streaming job, every planner.
 
 Every point runs through :func:`rebalance.evaluation.runner.replay`; the rows carry the
@@ -35,7 +38,8 @@ from .workloads import (
 )
 
 #: The replay experiments (``rebalance bench`` also has ``scale``, :mod:`.scale`).
-EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb", "replay")
+EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb",
+               "seed001-baselines", "replay")
 
 
 @dataclass
@@ -157,6 +161,40 @@ def seed001_elb_clb(settings: Settings, instances: Sequence[int] = (5, 10, 15),
     return points
 
 
+SEED001_BASELINES = "hash,uhlb,pkg,dchoices,elb,clb@24,auto"
+#: seed001-baselines: (label, distribution, number of keys) of the N = 10 comparison. The
+#: paper compares on a Twitter word count we do not have: "words" stands in for it (1000
+#: keys, Zipf 1, the same traffic model as its synthetic substreams).
+SEED001_STREAMS = (("substreams", "zipf", 100), ("substreams", "gaussian", 100),
+                   ("words", "zipf", 1000))
+SEED001_SPEEDUP_N = tuple(range(1, 16))
+
+
+def seed001_baselines(settings: Settings, speedup_n: Sequence[int] = SEED001_SPEEDUP_N,
+                      streams=SEED001_STREAMS, n_instances: int = 10) -> list[Point]:
+    """Seed 001 Sec. 5: its baselines UHLB and PKG (and D-Choices) against ELB, CLB, the
+    project's default (auto) and plain hash. Part 1: N = 10 on each stream of
+    ``streams``, 121 windows (120 routed or planned). Part 2: the speedup over
+    N = 1..15 on the Zipf substreams, 49 windows each (two CLB rebalances). With
+    ``--intervals I`` both parts use I windows (the quick mode: a few)."""
+    specs = _specs(SEED001_BASELINES, settings)
+    theta = settings.theta or 0.1
+    params = PlanParams(theta=theta, time_limit=settings.time_limit or 2.0,
+                        seed=settings.seed)
+    points = []
+    parts = [("n10", label, dist, p, n_instances, settings.intervals or 121)
+             for label, dist, p in streams]
+    parts += [("speedup", "substreams", "zipf", 100, n, settings.intervals or 49)
+              for n in speedup_n]
+    for sweep, label, dist, p, n, intervals in parts:
+        points.append(Point(
+            labels=dict(sweep=sweep, stream=label, distribution=dist, N=n, p=p, theta=theta),
+            make_trace=(lambda dist=dist, p=p, n=n, intervals=intervals: substream_trace(
+                dist, p, n, intervals=intervals, seed=settings.seed)),
+            planners=specs, params=params, intervals=intervals))
+    return points
+
+
 # --------------------------------------------------------------------------- quick / replay
 
 def quick(settings: Settings) -> list[Point]:
@@ -180,7 +218,7 @@ def quick(settings: Settings) -> list[Point]:
         Point(labels=dict(sweep="seed001", distribution="zipf", N=5, p=50, theta=0.1),
               make_trace=lambda: substream_trace("zipf", 50, 5, intervals=3 * intervals,
                                                  seed=seed),
-              planners=parse_planners(specs or f"hash,elb,clb@{intervals}"),
+              planners=parse_planners(specs or f"hash,elb,clb@{intervals},uhlb,pkg"),
               params=PlanParams(theta=0.1, time_limit=tl, seed=seed),
               intervals=3 * intervals),
     ]
@@ -220,6 +258,8 @@ def build(experiment: str, settings: Settings) -> list[Point]:
         return seed002_budgets(settings)
     if experiment == "seed001-elb-clb":
         return seed001_elb_clb(settings)
+    if experiment == "seed001-baselines":
+        return seed001_baselines(settings)
     if experiment == "replay":
         return replay_points(settings)
     raise PlanningError(f"unknown experiment {experiment!r}; choose one of "
@@ -276,15 +316,37 @@ def summarise(results: pd.DataFrame) -> pd.DataFrame:
             gap=reb["gap"].mean() if len(reb) else 0.0,
             feasible_share=reb["feasible"].astype(float).mean() if len(reb) else float("nan"),
         )
+        row.update(_routing_summary(grp))
         out.append(row)
     return pd.DataFrame(out)
+
+
+def _routing_summary(grp: pd.DataFrame) -> dict[str, float]:
+    """Speedup and the consolidation columns (hash routings that split keys).
+
+    ``speedup`` = sum over windows of the total load / sum of the largest instance load:
+    the throughput relative to one instance when the most loaded instance sets the pace
+    (seed 001 Fig. 6, from loads). ``split_keys``, ``extra_partials`` and
+    ``consolidation_fraction`` are means per window; ``choices`` the mean d of a routing.
+    """
+    out: dict[str, float] = {}
+    if "imbalance_next" in grp:
+        out["imbalance_next_max"] = grp["imbalance_next"].max()
+    if {"load_next", "max_load_next"} <= set(grp.columns):
+        busy = float(grp["max_load_next"].sum())
+        out["speedup"] = float(grp["load_next"].sum()) / busy if busy > 0 else 1.0
+    for col in ("split_keys", "extra_partials", "consolidation_fraction", "choices"):
+        if col in grp:
+            out[col] = grp[col].mean()
+    return out
 
 
 _RUNNER_METRICS = {
     "imbalance_before", "imbalance_after", "load_distance_after", "load_var_after",
     "migration_fraction", "migration_bytes", "moved_keys", "table_size", "n_keys",
     "plan_seconds", "lower_bound_fraction", "gap", "feasible", "rebalanced",
-    "imbalance_next", "load_distance_next", "load_var_next",
+    "imbalance_next", "load_distance_next", "load_var_next", "load_next", "max_load_next",
+    "split_keys", "extra_partials", "consolidation_fraction", "choices",
 }
 
 

@@ -123,6 +123,45 @@ def plot_seed001(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
     return paths
 
 
+def plot_seed001_baselines(summary: pd.DataFrame, out: Path,
+                           prefix: str = "seed001_baselines") -> list[Path]:
+    """N = 10: realised imbalance and state moved / merged per planner and stream; then
+    the speedup against N with the ideal line."""
+    plt = _pyplot()
+    paths = []
+    n10 = summary[summary["sweep"] == "n10"]
+    if not n10.empty:
+        points = list(dict.fromkeys(n10["point"]))
+        fig, axes = plt.subplots(2, len(points), figsize=(4.6 * len(points), 6.4),
+                                 squeeze=False)
+        for j, point in enumerate(points):
+            s = n10[n10["point"] == point]
+            title = f"{s['stream'].iloc[0]}, {s['distribution'].iloc[0]}, N={s['N'].iloc[0]}"
+            x = np.arange(len(s))
+            axes[0][j].bar(x, s["imbalance_next"])
+            axes[0][j].set_title(f"{title}: imbalance (max/mean)", fontsize=9)
+            ax = axes[1][j]
+            ax.bar(x - 0.2, 100 * s["migration_fraction"], 0.4, label="moved per window")
+            ax.bar(x + 0.2, 100 * s.get("consolidation_fraction", 0 * x), 0.4,
+                   label="merged per window (split keys)")
+            ax.set_title(f"{title}: state (%)", fontsize=9)
+            for ax in (axes[0][j], axes[1][j]):
+                ax.set_xticks(x, s["planner"], rotation=30, fontsize=7)
+                ax.grid(alpha=0.3, axis="y")
+        axes[1][0].legend(fontsize=7, loc="upper left")
+        paths.append(_save(fig, out / f"{prefix}_n10.png"))
+    speed = summary[summary["sweep"] == "speedup"]
+    if not speed.empty:
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        ns = sorted(set(speed["N"]))
+        ax.plot(ns, ns, "k--", label="ideal")
+        _lines(ax, speed, "N", "speedup")
+        ax.set_ylabel("speedup (total load / largest instance load)")
+        ax.legend(fontsize=7)
+        paths.append(_save(fig, out / f"{prefix}_speedup.png"))
+    return paths
+
+
 def plot_generic(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
                  prefix: str) -> list[Path]:
     """Per point: imbalance on the next window over time, and mean migration per planner."""
@@ -162,4 +201,6 @@ def plot_experiment(experiment: str, results: pd.DataFrame, summary: pd.DataFram
         return plot_seed002(summary, out)
     if experiment == "seed001-elb-clb":
         return plot_seed001(results, summary, out)
+    if experiment == "seed001-baselines":
+        return plot_seed001_baselines(summary, out)
     return plot_generic(results, summary, out, experiment.replace("-", "_"))

@@ -12,6 +12,14 @@ One row per planner and interval, with the plan's metrics (recomputed by
 :func:`rebalance.model.evaluate`, the lower bound of :mod:`rebalance.bounds` and the
 gap to it) and the imbalance the assignment then meets on window t itself (the data it
 was not planned on).
+
+The hash routings of :mod:`rebalance.planners.hash_choices` (``uhlb``, ``pkg``,
+``dchoices``, ``wchoices``: seed 001's baselines and D-Choices) are replayed by
+:func:`replay_routing` into rows of the same columns: they plan nothing and move no key
+(``migration_fraction`` 0: a key's candidates never change), route window t-1 for the
+"after" columns and window t for the "next" ones, and fill ``split_keys``,
+``extra_partials`` and ``consolidation_fraction`` (0 for every planner, which keeps each
+key on one instance).
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ import numpy as np
 
 from ..model import Plan, PlanningError, PlanParams, Problem, evaluate
 from ..planners import METHODS, get_planner
+from ..planners.hash_choices import ROUTINGS, ChoiceRouter, key_ids
 from .flux import FluxPlanner
 from .workloads import Trace
 
-EXTRA_PLANNERS = ("flux",)
+EXTRA_PLANNERS = ("flux",) + ROUTINGS
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,9 @@ class PlannerSpec:
             raise PlanningError(f"planner period must be an integer: {text!r}") from None
         if p < 1:
             raise PlanningError(f"planner period must be >= 1: {text!r}")
+        if name in ROUTINGS and p != 1:
+            raise PlanningError(f"{name} takes no @period: it routes each tuple as it "
+                                f"arrives, there is nothing to rebalance: {text!r}")
         return cls(name, p)
 
     def planner(self):
@@ -128,6 +140,9 @@ def replay(trace: Trace, specs: Sequence[PlannerSpec], params: PlanParams, windo
     """
     rows: list[dict[str, Any]] = []
     for spec in specs:
+        if spec.name in ROUTINGS:
+            rows.extend(replay_routing(trace, spec.name, params, window, progress))
+            continue
         planner = spec.planner()
         spec_params = replace(params, **spec.overrides) if spec.overrides else params
         assignment = trace.initial.copy()
@@ -146,12 +161,67 @@ def replay(trace: Trace, specs: Sequence[PlannerSpec], params: PlanParams, windo
                 row = _row(None, problem, assignment[pos])
             realised = np.bincount(assignment, weights=trace.load[t],
                                    minlength=trace.n_instances)[:trace.n_instances]
-            imb, distance, var = instance_stats(realised)
-            row = dict(planner=spec.label, interval=t, **row, imbalance_next=imb,
-                       load_distance_next=distance, load_var_next=var)
+            row = dict(planner=spec.label, interval=t, **row, **_next(realised),
+                       split_keys=0, extra_partials=0, consolidation_fraction=0.0)
             if keep_plans:
                 row.update(_problem=problem, _plan=plan, _positions=pos)
             rows.append(row)
             if progress is not None:
                 progress(1)
+    return rows
+
+
+def _next(realised: np.ndarray) -> dict[str, float]:
+    """The columns of window t: imbalance, distance, variance, total and largest load."""
+    imb, distance, var = instance_stats(realised)
+    return dict(imbalance_next=imb, load_distance_next=distance, load_var_next=var,
+                load_next=float(realised.sum()),
+                max_load_next=float(realised.max()) if len(realised) else 0.0)
+
+
+def replay_routing(trace: Trace, name: str, params: PlanParams, window: int = 1,
+                   progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Rows of a hash routing (:data:`ROUTINGS`) over ``trace``, interval 1..I-1.
+
+    The job is taken to have run with the routing from the start, so no state moves when
+    the replay begins. "After" columns: window(s) t-1 routed (the load the planners plan
+    on); "next" columns: window t routed, with the candidates chosen on window t-1
+    (D-Choices' heavy hitters and d). ``split_keys`` and ``extra_partials`` count the
+    keys on two or more instances of window t and their partial states beyond one;
+    ``consolidation_fraction`` is the state a consolidation step ships (every split key
+    merged into its largest part) over window t's state.
+    """
+    n = trace.n_instances
+    router = ChoiceRouter(name, key_ids(trace.keys, trace.key_group), n, seed=params.seed,
+                          theta=params.theta)
+    rows = []
+    routed = None
+    for t in range(1, trace.n_intervals):
+        lo = max(0, t - window)
+        before = trace.load[lo:t].mean(axis=0)
+        if window == 1 and routed is not None:
+            after = routed.instance_loads   # window t-1, routed as the "next" one of t-1
+        else:
+            reference = trace.load[max(0, lo - 1):max(1, lo)].mean(axis=0)
+            after = router.route(before, reference).instance_loads
+        state_before = (trace.state[t - 1] if trace.state_is_snapshot
+                        else trace.state[lo:t].sum(axis=0))
+        routed = router.route(trace.load[t], before)
+        realised = routed.instance_loads
+        imb, distance, var = instance_stats(after)
+        state = trace.state[t]
+        total_state = float(state.sum())
+        consolidation = routed.consolidation_bytes(state)
+        rows.append(dict(
+            planner=name, interval=t, imbalance_before=imb, imbalance_after=imb,
+            load_distance_after=distance, load_var_after=var, migration_fraction=0.0,
+            migration_bytes=0.0, moved_keys=0, table_size=math.nan,
+            n_keys=int(((before > 0) | (state_before > 0)).sum()), plan_seconds=0.0,
+            lower_bound_fraction=math.nan, gap=math.nan, feasible=math.nan,
+            rebalanced=False, **_next(realised), split_keys=routed.split_keys,
+            extra_partials=routed.extra_partials,
+            consolidation_fraction=consolidation / total_state if total_state > 0 else 0.0,
+            choices=router.last_d))
+        if progress is not None:
+            progress(1)
     return rows
