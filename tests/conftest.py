@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,26 @@ os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(REPO / "plugins"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+# Every process the tests start inherits this id (tests/reaper.py stops what carries it
+# once the test session is gone); xdist's workers inherit the controller's.
+os.environ.setdefault("REBALANCE_TEST_SESSION", uuid.uuid4().hex)
 # py4j logs at interpreter exit, after pytest closed its capture streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 # Test-sized Spark: no UI, 4 shuffle partitions, and Delta log checkpoints of 2 partitions
 # instead of 50 (the service's own setting; every tenth commit writes one).
 os.environ.setdefault("REBALANCE_SPARK_CONF", "spark.ui.enabled=false;spark.sql.shuffle.partitions=4;"
                       "spark.databricks.delta.snapshotPartitions=2")
+
+
+def pytest_configure(config):
+    """One reaper per test session (in the controller under xdist): when this process is
+    gone, whatever the tests started and no teardown stopped is killed (tests/reaper.py)."""
+    if hasattr(config, "workerinput"):
+        return
+    env = {k: v for k, v in os.environ.items() if k != "REBALANCE_TEST_SESSION"}
+    subprocess.Popen([sys.executable, str(REPO / "tests" / "reaper.py"), str(os.getpid()),
+                      os.environ["REBALANCE_TEST_SESSION"]], env=env, stdin=subprocess.DEVNULL,
+                     start_new_session=True)
 
 
 @pytest.fixture(scope="session")
@@ -70,10 +85,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # Seconds each slow module took in a serial fresh-clone run (docs/testing.md), rounded.
-# Under pytest-xdist (`make test` runs two workers, whole modules each: --dist loadfile)
-# modules are handed out in collection order, so the longest go first and the short ones
-# and the unit tests fill the gaps at the end (longest processing time first). A module
-# missing here counts as short; a wrong figure only costs balance, never a test.
+# Under pytest-xdist (`make test` runs two workers, --dist loadfile) a module runs whole in
+# one worker, so its scenario (a module-scoped fixture) is set up once; modules are handed
+# out in collection order, so the longest go first and the short ones and the unit tests
+# fill the gaps at the end (longest processing time first). A module missing here counts
+# as short; a wrong figure only costs balance, never a test.
 MODULE_SECONDS = {
     "test_faults.py": 680, "test_restart.py": 570, "test_service.py": 540,
     "test_service_faults.py": 520, "test_cluster.py": 420, "test_streaming.py": 220,
@@ -81,12 +97,46 @@ MODULE_SECONDS = {
     "test_dag.py": 120, "test_maintenance_spark.py": 110, "test_apply_cli.py": 87,
     "test_approval.py": 65, "test_dag_backtest.py": 50,
 }
+#: Modules that share a session-scoped resource run in one worker, one after the other:
+#: the service stack (about 90 s to start; two at once would share two cores) and the
+#: Kafka broker.
+SHARED_GROUPS = {
+    "test_service.py": "service-stack", "test_service_faults.py": "service-stack",
+    "test_kafka.py": "kafka-broker", "test_kafka_restart.py": "kafka-broker",
+}
+
+
+def _group(nodeid: str) -> str:
+    """The unit of work of a test under xdist: its module, or its modules' shared group."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_GROUPS.get(Path(path).name, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with :data:`SHARED_GROUPS` as one unit each. (xdist's own loadgroup
+    marks do not work on pytest 9.2: xdist renames ``item._nodeid``, which pytest 9.2 no
+    longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ModuleGroups(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):      # serial run: keep the files' order
         return
-    rank = {}
+    first: dict[str, int] = {}
+    modules: dict[str, set] = {}
     for i, item in enumerate(items):
-        rank.setdefault(item.path, (-MODULE_SECONDS.get(item.path.name, 0), i))
-    items.sort(key=lambda item: rank[item.path])  # stable: tests keep their order in a module
+        group = _group(item.nodeid)
+        first.setdefault(group, i)
+        modules.setdefault(group, set()).add(item.path.name)
+    cost = {g: sum(MODULE_SECONDS.get(m, 0) for m in names) for g, names in modules.items()}
+    # stable: the tests of a group keep their order; the longest groups first
+    items.sort(key=lambda item: (-cost[_group(item.nodeid)], first[_group(item.nodeid)]))
