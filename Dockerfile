@@ -1,12 +1,6 @@
 # Airflow 3.3.2 (Python 3.11) with Java 17, Spark + Delta and this project.
 # Build: docker build -t rebalance:latest .
 
-# Delta Lake JARs (include/jars/pom.xml) with their runtime dependencies.
-FROM maven:3.9-eclipse-temurin-17 AS delta-jars
-COPY include/jars/pom.xml /build/pom.xml
-RUN mvn -q -B -f /build/pom.xml dependency:copy-dependencies \
-        -DincludeScope=runtime -DoutputDirectory=/build/jars
-
 # A Java 17 runtime for Spark, independent of the base image's Debian release.
 FROM eclipse-temurin:17-jre AS java
 
@@ -25,11 +19,12 @@ COPY --chown=airflow:0 include/ /opt/rebalance/include/
 RUN pip install --no-cache-dir -r /opt/rebalance/requirements.txt -c /opt/rebalance/constraints.txt \
  && pip install --no-cache-dir --no-deps /opt/rebalance
 
-COPY --from=delta-jars --chown=airflow:0 /build/jars /tmp/delta-jars
-RUN bash /opt/rebalance/include/scripts/fetch_jars.sh /opt/rebalance/jars \
+# Delta Lake JARs (include/jars/ivy.xml) with their runtime dependencies, fetched by the
+# Ivy that pyspark ships (no Maven); no Kafka broker in the image.
+RUN REBALANCE_IVY_CACHE=/tmp/ivy-cache bash /opt/rebalance/include/scripts/fetch_jars.sh /opt/rebalance/jars \
         "$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
-        /tmp/delta-jars \
- && rm -rf /tmp/delta-jars
+        --no-broker \
+ && rm -rf /tmp/ivy-cache
 
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
 COPY --chown=airflow:0 plugins/ /opt/airflow/plugins/

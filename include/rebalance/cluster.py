@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .java import ensure_java_home
 from .paths import data_dir
 from .service import HOST, Component, Service, ServiceError, Settings, spark_home
 
@@ -67,6 +68,7 @@ class Cluster:
         return self.s.master_url
 
     def _components(self, _settings: Settings) -> list[Component]:
+        ensure_java_home()  # the master's, the workers' and their executors' Java
         home = spark_home()
         spark_class = str(home / "bin" / "spark-class")
         env = dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP=HOST,

@@ -10,7 +10,7 @@ broker, listening on ``127.0.0.1:<port>`` (clients, default 9092) and
 (the records and the stop are :mod:`rebalance.service`'s). ``down`` stops it by the
 recorded pid (SIGTERM, SIGKILL after a grace period); ``status`` says whether it runs.
 
-The broker's JARs (``include/jars/kafka-broker.xml``) are fetched by ``make setup`` into
+The broker's JARs (``include/jars/kafka-broker.ivy.xml``) are fetched by ``make setup`` into
 ``<jars>/kafka-broker/``, a classpath of their own, never on Spark's. Topics are created on
 first use with ``--partitions`` partitions (``num.partitions``).
 
@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .java import ensure_java_home
 from .paths import data_dir, jars_dir
 from .service import HOST, Component, Service, ServiceError, Settings
 
@@ -103,10 +104,11 @@ def server_properties(s: BrokerSettings) -> str:
 
 
 def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
+    home = ensure_java_home() or os.environ.get("JAVA_HOME")  # Java 17/21 (rebalance.java)
     java = Path(home) / "bin" / "java" if home else shutil.which("java")
     if not java or not Path(java).exists():
-        raise KafkaError("no java found (set JAVA_HOME or put java on PATH)")
+        raise KafkaError("no java found: run `make setup` (it installs one when the machine "
+                         "has no Java 17 or 21), or set JAVA_HOME")
     return str(java)
 
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import processes
+from .java import ensure_java_home
 from .paths import REPO_ROOT, data_dir, jars_dir
 
 HOST = "127.0.0.1"
@@ -153,6 +154,7 @@ def spark_home() -> Path:
 
 def base_env(s: Settings) -> dict[str, str]:
     """Environment shared by every component."""
+    ensure_java_home()  # Java 17/21 for Spark Connect and the tasks' Spark (rebalance.java)
     env = dict(os.environ)
     env.update({
         "REBALANCE_DATA_DIR": str(s.data),

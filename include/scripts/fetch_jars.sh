@@ -1,30 +1,39 @@
 #!/usr/bin/env bash
-# Copy the Delta Lake JARs and the Kafka connector (include/jars/pom.xml) and
-# their runtime dependencies into DEST, leaving out every artifact pyspark
-# already ships (Scala, Hadoop, Jackson, Parquet, ...) so the classpath holds
-# one version of each library; and the Kafka broker (include/jars/kafka-broker.xml)
-# with all its dependencies into DEST/kafka-broker/, a classpath of its own.
-# Usage: fetch_jars.sh DEST PYSPARK_JARS_DIR [MAVEN_OUTPUT_DIR [BROKER_OUTPUT_DIR]]
-# With MAVEN_OUTPUT_DIR (JARs Maven already copied, e.g. in a Docker build
-# stage) the Maven step is skipped; the broker is then copied from
-# BROKER_OUTPUT_DIR, or left out when that is not given.
+# Copy the Delta Lake JARs and the Kafka connector (include/jars/ivy.xml) and their
+# runtime dependencies into DEST, leaving out every artifact pyspark already ships
+# (Scala, Hadoop, Jackson, Parquet, ...) so the classpath holds one version of each
+# library; and the Kafka broker (include/jars/kafka-broker.ivy.xml) with all its
+# dependencies into DEST/kafka-broker/, a classpath of its own.
+#
+# Apache Ivy resolves and downloads them: the Ivy JAR pyspark ships (PYSPARK_JARS_DIR/
+# ivy-*.jar), run on $JAVA_HOME/bin/java (else the java on PATH), so no Maven is needed.
+# include/jars/ivysettings.xml keeps Ivy to its built-in public Maven repository resolver
+# and checks every file against the repository's published checksum. Version conflicts go
+# to the latest version (as with Spark's own --packages). Ivy's cache is $REBALANCE_IVY_CACHE
+# (default .ivy-cache/ in the repository, git-ignored); a second fetch downloads nothing.
+# Usage: fetch_jars.sh DEST PYSPARK_JARS_DIR [--no-broker]
+# --no-broker leaves the Kafka broker out (the Docker image has none).
 set -euo pipefail
 dest=$1
 spark_jars=$2
-poms="$(cd "$(dirname "$0")/../jars" && pwd)"
+broker=yes
+[ "${3:-}" = "--no-broker" ] && broker=no
+here="$(cd "$(dirname "$0")/../.." && pwd)"
+descriptors="$here/include/jars"
+cache=${REBALANCE_IVY_CACHE:-$here/.ivy-cache}
+java="${JAVA_HOME:+$JAVA_HOME/bin/}java"
+ivy=$(compgen -G "$spark_jars/ivy-[0-9]*.jar" | head -n1) \
+  || { echo "fetch_jars: no ivy-*.jar in $spark_jars (pyspark's JARs)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/spark" "$tmp/keep/kafka-broker"
-copy_deps() {  # copy_deps POM OUTPUT_DIR
-  mvn -q -B -Dstyle.color=never -f "$1" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$2"
+retrieve() {  # retrieve IVY_XML OUTPUT_DIR (Ivy's output, download progress included, on failure only)
+  "$java" -jar "$ivy" -warn -settings "$descriptors/ivysettings.xml" -cache "$cache" \
+    -ivy "$1" -confs runtime -retrieve "$2/[artifact]-[revision](-[classifier]).[ext]" \
+    >"$tmp/ivy.log" 2>&1 || { cat "$tmp/ivy.log" >&2; echo "fetch_jars: Ivy could not resolve $1" >&2; exit 1; }
 }
-if [ -n "${3:-}" ]; then
-  cp "$3"/*.jar "$tmp/spark"/
-  if [ -n "${4:-}" ]; then cp "$4"/*.jar "$tmp/keep/kafka-broker"/; fi
-else
-  copy_deps "$poms/pom.xml" "$tmp/spark"
-  copy_deps "$poms/kafka-broker.xml" "$tmp/keep/kafka-broker"
-fi
+retrieve "$descriptors/ivy.xml" "$tmp/spark"
+[ "$broker" = no ] || retrieve "$descriptors/kafka-broker.ivy.xml" "$tmp/keep/kafka-broker"
 for jar in "$tmp"/spark/*.jar; do
   name=$(basename "$jar")
   artifact=$(printf '%s' "$name" | sed -E 's/-[0-9][^-]*(-[0-9]+)?\.jar$//')
@@ -32,10 +41,10 @@ for jar in "$tmp"/spark/*.jar; do
     mv "$jar" "$tmp/keep/"
   fi
 done
-compgen -G "$tmp/keep/delta-spark_*.jar" >/dev/null || { echo "fetch_jars: delta-spark JAR missing after Maven copy" >&2; exit 1; }
-compgen -G "$tmp/keep/spark-sql-kafka-0-10_*.jar" >/dev/null || { echo "fetch_jars: spark-sql-kafka JAR missing after Maven copy" >&2; exit 1; }
-if [ -z "${3:-}" ] || [ -n "${4:-}" ]; then
-  compgen -G "$tmp/keep/kafka-broker/kafka_2.13-*.jar" >/dev/null || { echo "fetch_jars: kafka_2.13 JAR missing after Maven copy" >&2; exit 1; }
+compgen -G "$tmp/keep/delta-spark_*.jar" >/dev/null || { echo "fetch_jars: delta-spark JAR missing after the Ivy retrieve" >&2; exit 1; }
+compgen -G "$tmp/keep/spark-sql-kafka-0-10_*.jar" >/dev/null || { echo "fetch_jars: spark-sql-kafka JAR missing after the Ivy retrieve" >&2; exit 1; }
+if [ "$broker" = yes ]; then
+  compgen -G "$tmp/keep/kafka-broker/kafka_2.13-*.jar" >/dev/null || { echo "fetch_jars: kafka_2.13 JAR missing after the Ivy retrieve" >&2; exit 1; }
 fi
 rm -rf "$dest.tmp" && mv "$tmp/keep" "$dest.tmp" && rm -rf "$dest" && mv "$dest.tmp" "$dest"
 echo "Spark JARs in $dest: $(ls "$dest"/*.jar | xargs -n1 basename | tr '\n' ' ')"

