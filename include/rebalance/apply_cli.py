@@ -352,6 +352,8 @@ def apply_plan(args: argparse.Namespace) -> int:
           f"version {plan['assignment_version']} is live; imbalance "
           f"{plan['imbalance_before']:.4f} -> {plan['predicted_imbalance']:.4f} predicted, "
           f"{plan['moved_keys']} key(s) moved")
+    if plan["apply_mode"] != params.apply_mode and plan.get("reasons"):
+        print(f"note: {plan['reasons'][-1]}")  # auto switched a job that cannot restart live
     return 0
 
 

@@ -102,6 +102,45 @@ def test_apply_mode_auto_restarts_only_when_the_plan_moves_enough_state():
         assert resolve_mode(mode, 0.9) == mode and resolve_mode(mode, 0.0) == mode
 
 
+@pytest.mark.parametrize("requested, moved, capability, used", [
+    # A job that can restart, or one that recorded nothing (older stores, stand-ins):
+    # what resolve_mode says.
+    ("auto", 0.2, "restart", "restart"), ("auto", 0.2, None, "restart"),
+    ("restart", 0.0, "restart", "restart"), ("restart", 0.0, None, "restart"),
+    ("auto", 0.01, "live", "broadcast"), ("broadcast", 0.9, "live", "broadcast"),
+    ("dry-run", 0.9, "live", "dry-run"),
+    # A live-only job and auto above restart_above: a live switch, with the reason.
+    ("auto", 0.2, "live", "broadcast"),
+])
+def test_the_apply_mode_follows_what_the_job_can_do(requested, moved, capability, used):
+    from rebalance.control.rollout import mode_for_job
+
+    mode, note = mode_for_job(requested, moved, 0.05, "keyed", capability,
+                              "keyed_job.py, pid 7 on h at 2026-11-27 02:41 UTC")
+    assert mode == used
+    if (requested, capability) == ("auto", "live") and moved > 0.05:
+        assert note == (
+            "apply_mode auto chose a controlled restart (the plan moves 20.0% of the state, "
+            "restart_above 0.05), but the job 'keyed' cannot restart (started by keyed_job.py, "
+            "pid 7 on h at 2026-11-27 02:41 UTC): live switch instead; the moved keys restart "
+            "their window state on their new instance")
+    else:
+        assert note is None
+
+
+def test_an_explicit_restart_of_a_job_that_cannot_restart_is_refused_in_one_line():
+    from rebalance.control.errors import ApplyRefused
+    from rebalance.control.rollout import mode_for_job
+
+    with pytest.raises(ApplyRefused) as refused:
+        mode_for_job("restart", 0.2, 0.05, "keyed", "live", "keyed_job.py")
+    text = str(refused.value)
+    assert "\n" not in text
+    assert text == ("apply_mode restart refused: the job 'keyed' cannot restart (started by "
+                    "keyed_job.py); run spark_apps/restartable_job.py for controlled restarts, "
+                    "or choose apply_mode broadcast")
+
+
 @pytest.mark.parametrize("start, end, text", [
     (None, None, "the latest 6 windows stored"),
     ("2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00",

@@ -69,6 +69,35 @@ def resolve_mode(apply_mode: str, migration_fraction: float | None = None,
     return "restart" if moved > restart_above else "broadcast"
 
 
+def mode_for_job(apply_mode: str, migration_fraction: float | None = None,
+                 restart_above: float = AUTO_RESTART_ABOVE, job: str = "keyed",
+                 capability: str | None = None,
+                 started_by: str | None = None) -> tuple[str, str | None]:
+    """The apply mode used for a job that records ``capability`` (``jobs`` table,
+    :mod:`rebalance.spark.jobs`): ``(mode, note)``, the note saying why it differs from
+    :func:`resolve_mode`'s (None when it does not).
+
+    A job that can only follow live switches (capability ``live``: ``keyed_job.py``) would
+    never execute a controlled restart, and ``await_restart`` would wait for it until the
+    restart timeout. So ``auto`` switches such a job live (and says so), and an explicit
+    ``restart`` is refused at once (:class:`ApplyRefused`). An unknown capability (no
+    record: an older store, the DAG tests' stand-ins) changes nothing.
+    """
+    mode = resolve_mode(apply_mode, migration_fraction, restart_above)
+    if mode != "restart" or capability != "live":
+        return mode, None
+    who = f"the job {job!r} cannot restart (started by {started_by or 'an unknown app'})"
+    if apply_mode == "restart":
+        raise ApplyRefused(f"apply_mode restart refused: {who}; run spark_apps/"
+                           "restartable_job.py for controlled restarts, or choose apply_mode "
+                           "broadcast")
+    moved = float(migration_fraction or 0.0)
+    return "broadcast", (f"apply_mode auto chose a controlled restart (the plan moves "
+                         f"{moved:.1%} of the state, restart_above {restart_above:g}), but "
+                         f"{who}: live switch instead; the moved keys restart their window "
+                         "state on their new instance")
+
+
 def job_stale_seconds() -> float:
     import os
 
@@ -115,7 +144,11 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
     and metrics); the streaming job uses it from its next micro-batch on. Holds the
     apply lease, refuses a stale plan (another version was published since it was
     computed), and finds its own earlier publish on a retry instead of writing again.
-    Backfill and what-if plans are never applied.
+    Backfill and what-if plans are never applied. Before asking for a controlled restart
+    it reads what the running job can do (its newest row of ``jobs``,
+    :mod:`rebalance.spark.jobs`): for a job that cannot restart, ``auto`` switches live
+    (the reason is logged and added to the plan's reasons) and ``restart`` is refused at
+    once (:func:`mode_for_job`).
     """
     from ..spark import tables
 
@@ -131,8 +164,21 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
                          f"{p.apply_mode}): backfill and dry-run never apply")
     if record.status != PlanStatus.PUBLISHED.value:
         raise ApplyRefused(f"plan {plan_id} is {record.status}: only a published plan is applied")
-    mode = resolve_mode(p.apply_mode, record.metrics.get("migration_fraction"),
-                        p.restart_above)
+    mode, note = resolve_mode(p.apply_mode, record.metrics.get("migration_fraction"),
+                              p.restart_above), None
+    if mode == "restart":  # can the running job restart? (its newest ``jobs`` row)
+        from ..spark.jobs import latest_start
+
+        start = latest_start(spark, job_name())
+        try:
+            mode, note = mode_for_job(
+                p.apply_mode, record.metrics.get("migration_fraction"), p.restart_above,
+                job_name(), start.capability if start else None,
+                start.started_by() if start else None)
+        except ApplyRefused as exc:
+            raise ApplyRefused(f"plan {plan_id}: {exc}") from None
+        if note:
+            log.warning("plan %s: %s", plan_id, note)
     if published_version(spark, plan_id)[0] is None:  # not a retry of a done publish
         down = job_down_reason(spark)
         if down:
@@ -159,10 +205,13 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
                 request_restart(spark, version, int(record.inputs["n_instances"]),
                                 job=job_name(), request_id=plan_id,
                                 previous_version=record.base_assignment_version)
+            changes = {"reasons": [*record.reasons, note]} if note else {}
             record = store.transition(
                 plan_id, PlanStatus.APPLIED, action="apply", apply_mode=mode,
-                assignment_version=version,
-                verification={"applied_at": applied_at, "mode": mode})
+                assignment_version=version, **changes,
+                verification={"applied_at": applied_at, "mode": mode,
+                              **({"requested_mode": p.apply_mode, "mode_note": note}
+                                 if note else {})})
     except PlanStoreError as exc:
         raise ApplyRefused(str(exc)) from None
     log.info("plan %s applied (%s): assignment version %d is live", plan_id, mode, version)

@@ -157,9 +157,18 @@ RESTARTS = Table(
     "request (requested, stopped, state_written, cancelled, started, acknowledged, failed, "
     "rolled_back), each written once (Delta transaction: request id, step order); detail is JSON.")
 
+JOBS = Table(
+    "jobs",
+    "job STRING, capability STRING, app STRING, generation BIGINT, started_at TIMESTAMP, "
+    "host STRING, pid BIGINT",
+    "Starts of the streaming job (rebalance.spark.jobs): one row per process start, with what "
+    "it can do: capability 'restart' (controlled restarts: restartable_job.py) or 'live' "
+    "(live switch only: keyed_job.py). apply reads the newest row of its job.")
+
 #: Every table by name.
 TABLES: dict[str, Table] = {t.name: t for t in (
-    EVENTS, QUARANTINE, RESULTS, KEY_HISTOGRAMS, INSTANCE_HISTOGRAMS, ASSIGNMENTS, RESTARTS)}
+    EVENTS, QUARANTINE, RESULTS, KEY_HISTOGRAMS, INSTANCE_HISTOGRAMS, ASSIGNMENTS, RESTARTS,
+    JOBS)}
 
 N_INSTANCES_PROPERTY = "rebalance.n_instances"
 

@@ -41,6 +41,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from ..paths import data_dir
 from ..spark import tables
+from ..spark.jobs import LIVE, record_start
 from ..spark.tables import RAW_EVENT_DDL
 from .processor import (
     HANDOFF_COLUMNS_DDL,
@@ -461,9 +462,14 @@ def check_instances(spark: SparkSession, config: JobConfig) -> None:
 
 
 def start_job(spark: SparkSession, config: JobConfig) -> KeyedJob:
-    """Start the quarantine and keyed queries; return them running."""
+    """Start the quarantine and keyed queries; return them running.
+
+    Records the start in the ``jobs`` table as a job that follows live switches but cannot
+    restart (:data:`rebalance.spark.jobs.LIVE`): ``apply`` then never waits for a
+    controlled restart of it (``auto`` switches live instead; ``restart`` is refused)."""
     raw = read_events(spark, config)
     check_instances(spark, config)
+    record_start(spark, config, LIVE)
     for table in (tables.QUARANTINE, tables.RESULTS, tables.KEY_HISTOGRAMS,
                   tables.INSTANCE_HISTOGRAMS):
         tables.ensure_table(spark, table, config.tables_root)

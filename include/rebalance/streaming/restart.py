@@ -83,6 +83,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from ..spark import tables
+from ..spark.jobs import RESTART, record_start
 from .job import JobConfig
 from .restart_checkpoint import (
     checkpoint_position,
@@ -173,6 +174,7 @@ class RestartableJob:
             self.execute(pending, steps)
         else:
             self._run(self.control.live_generation(steps))
+        record_start(self.spark, self.config, RESTART, self.generation.number)  # for apply
         return self.generation
 
     def _bootstrap(self) -> None:
