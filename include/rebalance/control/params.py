@@ -75,9 +75,11 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
         "type": "string", "enum": list(APPLY_MODES),
         "title": "Apply mode",
         "description": "auto: live switch, or a controlled restart when the plan moves more "
-                       "than restart_above of the job's state (a live switch drops it); "
+                       "than restart_above of the job's state (a live switch drops it) and "
+                       "the job can restart (else a live switch, and the run says so); "
                        "broadcast: live switch; restart: controlled restart with state "
-                       "migration; dry-run: store a what-if plan, apply nothing.",
+                       "migration (refused at once for a job that cannot restart); dry-run: "
+                       "store a what-if plan, apply nothing.",
     },
     "restart_above": {
         "type": "number", "minimum": 0, "maximum": 1,
