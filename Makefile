@@ -19,11 +19,12 @@ export REBALANCE_JARS_DIR ?= $(JARS)
 export PYTHONDONTWRITEBYTECODE := 1
 
 PYTEST_ARGS ?=
-# The suite runs in two pytest-xdist workers, whole modules each (module-scoped scenarios stay
-# in one process; modules sharing the service stack or the Kafka broker in one worker);
-# tests/conftest.py hands out the longest first.
-PYTEST_WORKERS ?= 2
-PYTEST_DIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# PYTEST_WORKERS=N (N > 1) runs the suite in N pytest-xdist workers, whole modules each
+# (modules sharing the service stack or the Kafka broker in one worker; the longest first,
+# tests/conftest.py). One process by default: on 2 cores two workers were not faster, the
+# JVMs of two scenarios share the cores (docs/testing.md).
+PYTEST_WORKERS ?= 1
+PYTEST_DIST := $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 # make up SOURCE=kafka: the service also runs a Kafka broker; the generator and the job use it.
 SOURCE ?= delta
 

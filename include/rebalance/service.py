@@ -180,10 +180,6 @@ def airflow_env(s: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        # The LocalExecutor forks this many workers as it starts [32]: the service's runs
-        # are chains of one task at a time, a few runs at once (a backfill, two manual
-        # triggers); 32 idle forks of the scheduler cost memory and start-up on 2 cores.
-        "AIRFLOW__CORE__PARALLELISM": "8",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{s.api_url}/execution/",
         "AIRFLOW__API__HOST": HOST,
