@@ -153,10 +153,17 @@ def _applied_once(svc, api, run_id: str) -> dict:
 
 # ------------------------------------------------------------------------- the tests
 def _forced_interval(svc) -> tuple[dt.datetime, dt.datetime]:
-    """The last 30 s, once the job has written a few windows (a forced run plans on them)."""
+    """The last 30 s up to the window grid, once the job has written every window of it: a
+    forced run plans on them at once. (Taking the last 30 s without waiting made the run's
+    plan depend on the job's lag: a job just started, or sharing the cores, wrote the
+    interval's windows after the run's 20-s windows wait, and the run skipped.)"""
     _wait("three histogram windows from the live job", lambda: len(svc.windows_stored()) >= 3,
           300, 2)
-    return _interval()
+    step = svc.s.window_seconds
+    now = dt.datetime.now(dt.timezone.utc).timestamp()
+    end = dt.datetime.fromtimestamp(now - now % step, dt.timezone.utc)
+    svc.wait_windows_until(end, timeout=300)
+    return end - FORCED_INTERVAL, end
 
 
 #: The double trigger's runs look at the two windows of the last 10 s: a period of 10 s
