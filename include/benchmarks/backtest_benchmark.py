@@ -139,6 +139,13 @@ def verdicts(summary: pd.DataFrame, theta: float, policy: str = DEFAULT) -> list
     return out
 
 
+def judged_from(n_windows: int, period: int | None, calibration_share: float) -> int:
+    """The first judged window: after the calibration prefix, and after what any policy
+    reads (8 windows, or one period)."""
+    need = max(8, period or 0, 7)
+    return max(need + 4, int(round(n_windows * calibration_share)))
+
+
 def run_trace(name: str, quick: bool, method: str, calibration_share: float, directory: Path,
               log) -> dict:
     """Load, calibrate and backtest one trace; the summary, steps, verdicts and notes."""
@@ -152,9 +159,7 @@ def run_trace(name: str, quick: bool, method: str, calibration_share: float, dir
                                         n_instances=trace.n_instances)
     theta = trace.theta
     load_s = time.perf_counter() - t0
-    # the calibration prefix; judged windows start after it (and after what any policy reads)
-    need = max(8, trace.period or 0, 7)
-    cut = max(need + 4, int(round(history.n_windows * calibration_share)))
+    cut = judged_from(history.n_windows, trace.period, calibration_share)
     if cut >= history.n_windows - 2:
         raise SystemExit(f"backtest_benchmark: trace {name} has {history.n_windows} windows, "
                          f"too few for a calibration prefix of {cut}")
@@ -249,8 +254,7 @@ def causal_bound(name: str, calibration_share: float, method: str, log) -> list[
         assert out.shape == history.loads.shape and out.sum() > 0, out.shape
         return out
 
-    need = max(8, trace.period or 0, 7)
-    cut = max(need + 4, int(round(history.n_windows * calibration_share)))
+    cut = judged_from(history.n_windows, trace.period, calibration_share)
     steps = list(range(cut, history.n_windows))
     theta = trace.theta
     rows = []

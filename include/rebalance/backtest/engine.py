@@ -226,10 +226,14 @@ def _summarise(chain: _Chain, theta: float) -> dict:
     }
 
 
-def _best(summaries: list[dict]) -> dict:
+def _rank(summary: dict) -> tuple:
     """Highest share within, then lowest mean imbalance, then least migration."""
-    return min(summaries, key=lambda s: (-s["share_within"], s["mean_imbalance"],
-                                         s["migration_per_step"]))
+    return -summary["share_within"], summary["mean_imbalance"], summary["migration_per_step"]
+
+
+def _best(summaries: list[dict]) -> dict:
+    """The first of ``summaries`` by :func:`_rank`."""
+    return min(summaries, key=_rank)
 
 
 def headroom_grid(theta: float, grid: Sequence[float] | None = None) -> list[float]:
@@ -412,7 +416,7 @@ def given_forecasts(history: WindowHistory, forecasts: np.ndarray, theta: float,
     """Chains planned at every step ``t`` on ``forecasts[t]`` (T x K loads given from
     outside the stored windows, e.g. a synthetic generator's expected counts), judged on
     the stored window ``t``, one chain per theta_plan of :func:`headroom_grid`; their
-    summaries, best first (:func:`_best`).
+    summaries, best first (:func:`_rank`).
 
     What a forecast *could* reach: given the generator's own distribution of window
     ``t - 1`` (no sampling noise, nothing about ``t``), no forecast from the past can do
@@ -434,5 +438,4 @@ def given_forecasts(history: WindowHistory, forecasts: np.ndarray, theta: float,
             chain.a = new
             eng.judge(chain, t, [t], before, pred, mig, moved, sec)
         out.append(_summarise(chain, theta))
-    return sorted(out, key=lambda s: (-s["share_within"], s["mean_imbalance"],
-                                      s["migration_per_step"]))
+    return sorted(out, key=_rank)
