@@ -31,6 +31,7 @@ Expectations are recomputed with pandas from the generator (a batch oracle).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,16 +110,33 @@ def _perkey(spark, checkpoint, batch=None):
 
 
 def _handed_over(spark, checkpoint):
-    """State handed over inside the stream of a checkpoint: key -> (label, state as JSON)
-    of its ``in`` rows (written by the old generation's sink in its export batch)."""
+    """State handed over inside the stream of a checkpoint: key -> (label, state as JSON,
+    the exporting label's watermark) of its ``in`` rows (written by the old generation's
+    sink in its export batch)."""
     from rebalance.streaming.restart_state import handoff_table
 
     rows = spark.read.format("delta").load(handoff_table(checkpoint))
-    return {r.key: (r.label, r.value) for r in rows.where("handoff = 'in'").selectExpr(
+    return {r.key: (r.label, r.value, r.export_watermark_ms)
+            for r in rows.where("handoff = 'in'").selectExpr(
         "label", "key", "to_json(named_struct('key_group', key_group, 'default_instance', "
         "default_instance, 'version', state_version, 'windows', windows, 'counts', counts, "
         "'sums', sums, 'costs', costs, 'seen_ids', seen_ids, 'seen_times', seen_times)) "
-        "AS value").collect()}
+        "AS value", "export_watermark_ms").collect()}
+
+
+def _exportable(value: str, watermark: int, config) -> list[dict]:
+    """The states a key untouched by the export batch may be handed over with: as it was,
+    or as the windows the export batch's watermark closed left it (closed windows are
+    emitted, then pruned and old event ids forgotten, before the key is given away)."""
+    from rebalance.streaming.processor import KeyWindows, dedup_horizon
+
+    before = json.loads(value)
+    state = KeyWindows(**before)
+    s = config.processor_settings()
+    state.prune(watermark, s.window_ms, s.n_windows)
+    state.forget(dedup_horizon(watermark, s.dedup_ms))
+    pruned = dict(zip(before, state.to_state()))
+    return [before, pruned]
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +191,9 @@ def scenario(spark, tmp_path_factory) -> Scenario:
         want = target(set(before_export) | set(ins) | set(after_export))
         moved = {k for k, (label, _) in before_export.items() if want[k] != label}
         assert moved and moved <= set(ins) <= moved | touched
-        assert all(ins[k] == (want[k], before_export[k][1]) for k in moved - touched)
+        assert all(ins[k][0] == want[k] for k in moved)
+        assert all(json.loads(ins[k][1]) in _exportable(before_export[k][1], ins[k][2], config)
+                   for k in moved - touched)
         assert all(label == want[k] for k, (label, _) in after_export.items())
         # (Their values may change in batch e as in any batch: events, closed windows.)
         unmoved = [k for k in before_export if k not in moved]
