@@ -122,6 +122,12 @@ def check_plan_document(document: Any, where: Path) -> dict[str, Any]:
     for name in ("assignment_file", "parameters", "metrics"):
         if not isinstance(document.get(name), dict):
             raise bad(name, document.get(name, _MISSING), "a JSON object")
+    if document.get("split"):
+        split = document["split"]
+        count = len(split) if isinstance(split, list) else "some"
+        raise UserError(f"{where}: the plan splits {count} key(s) over several instances "
+                        "(rebalance plan --split-keys); the streaming job routes every key to "
+                        "one instance, so a split plan is a what-if and cannot be applied")
     if not isinstance(document.get("method", _MISSING), str):
         raise bad("method", document.get("method", _MISSING), "a string")
     named = document["assignment_file"]

@@ -367,6 +367,10 @@ class Plan:
     plan_seconds: float
     notes: list[str] = field(default_factory=list)
     solver_bound: float | None = None
+    #: Keys spread over several instances (:class:`rebalance.planners.split.SplitKeys`),
+    #: None for a plan of whole keys; ``assignment`` then gives a split key its largest
+    #: share's instance.
+    split: Any = None
 
     def metrics_dict(self) -> dict[str, Any]:
         out = self.metrics.to_dict()
@@ -378,4 +382,7 @@ class Plan:
         )
         if self.solver_bound is not None:
             out["solver_bound"] = self.solver_bound
+        if self.split is not None and len(self.split):
+            out.update(split_keys=len(self.split), split_shares=self.split.entries,
+                       merge_rows_per_window=self.split.merge_rows)
         return out

@@ -96,6 +96,10 @@ def add_subcommands(subparsers) -> None:
                    help="seconds for planners that search (milp, auto); default 10")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output directory for plan.json and assignment.parquet")
+    p.add_argument("--split-keys", action="store_true",
+                   help="spread keys too hot for any one instance over several, with shares "
+                        "(plan.json lists them under split); a what-if: `rebalance apply` "
+                        "refuses such a plan, the streaming job routes a key to one instance")
     add_plan_arguments(p)
     p.set_defaults(func=run_plan)
 
@@ -220,12 +224,18 @@ def _run_plan(args: argparse.Namespace) -> int:
 
         plan = finish_plan(args.method, problem, params,
                            Proposal(problem.current, [f"auto: {load_model['reason']}"]), 0.0)
+    elif getattr(args, "split_keys", False):
+        from .planners.split import plan_split
+
+        plan = plan_split(problem, params, base=args.method)
     else:
         plan = get_planner(args.method).plan(problem, params)
     t2 = time.perf_counter()
 
     document = plan_document(args, summary, plan, budget)
     document["load_model"] = _number(load_model)
+    if plan.split is not None and len(plan.split):
+        document["split"] = _number(plan.split.records(problem.keys))
     frame = _assignment_table(keys, plan)
     timings = {"input_seconds": t1 - t0, "plan_seconds": plan.plan_seconds,
                "planner_wall_seconds": t2 - t1}
@@ -292,6 +302,7 @@ def plan_document(args: argparse.Namespace, summary: dict[str, Any], plan, budge
             "migration_budget": args.migration_budget,
             "migration_budget_bytes": budget,
             "time_limit": args.time_limit,
+            "split_keys": bool(getattr(args, "split_keys", False)),
         },
         "input": summary,
         "metrics": metrics,
