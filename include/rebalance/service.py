@@ -566,6 +566,11 @@ def _run(args: argparse.Namespace) -> int:
         for name, state in states.items():
             print(f"{name:14s} {state}")
         running = sum(s.startswith("running") for s in states.values())
+        from .control.params import DAG_ID
+        from .health import service_lines
+
+        for name, state in service_lines(service, states, DAG_ID):
+            print(f"{name:14s} {state}")
         if running:
             user, password = service.login()
             print(f"UI: {service.s.api_url}  (login {user} / {password or '?'}); "

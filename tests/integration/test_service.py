@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -133,9 +134,16 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
     flag; ``make up`` afterwards must unpause it, or nothing is ever scheduled. Here the
     DAG is paused, then ``up`` runs again over the running stack (every component is
     already up, as after ``make demo && make up``) and unpauses it."""
+    from rebalance.health import service_lines
+
     path = "/api/v2/dags/rebalance"
     api.call("PATCH", path, {"is_paused": True})
     assert api.get(path)["is_paused"] is True
+    # `make status` says so (the health strip), and that the job writes windows
+    health = dict(service_lines(quiet, quiet.status(), "rebalance"))
+    assert health["dag"].startswith("PAUSED: nothing is scheduled"), health
+    assert re.match(r"running; newest window \S+ \S+ UTC, closed \d+ (s|min) ago",
+                    health["job"]), health
     lines: list[str] = []
     out, quiet.out = quiet.out, lines.append
     try:
@@ -144,6 +152,7 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
         quiet.out = out
     assert api.get(path)["is_paused"] is False
     assert any("unpaused" in line for line in lines), lines
+    assert dict(service_lines(quiet, quiet.status(), "rebalance"))["dag"] == "active (unpaused)"
 
 
 def test_every_process_of_the_service_listens_on_loopback_only(service):
@@ -182,6 +191,16 @@ def test_the_scheduler_applies_and_verifies_a_plan_on_its_own(scheduled, api):
     assert plan["status"] == "verified", plan
     assert plan["assignment_version"] is not None and plan["moved_keys"] > 0
     assert plan["realised_imbalance"] < plan["imbalance_before"]
+    # `make status`: the newest run, its state, and what it did or why it skipped
+    from rebalance.health import service_lines
+
+    health = dict(service_lines(scheduled, scheduled.status(), "rebalance"))
+    print("make status, health strip:", health, flush=True)
+    assert re.match(r"(scheduled|manual)__\S+: (success|running|queued|failed)",
+                    health["last run"]), health
+    if health["last run"].split(": ")[1].startswith("success"):
+        assert ("a plan was applied" in health["last run"]
+                or "; skipped at " in health["last run"]), health
 
 
 @pytest.fixture(scope="module")

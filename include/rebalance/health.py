@@ -1,0 +1,136 @@
+"""The service's health in three lines (``make status``): is the DAG paused, is the job
+writing windows, and how did the last run end.
+
+* ``dag``: paused or not, through Airflow's REST API (a paused DAG plans nothing, and
+  nothing else says so);
+* ``job``: the age of the newest window in ``key_histograms``, read from the Delta log's
+  file statistics (the newest commits only: no Spark, no table scan, the same cost on day
+  1 and day 300);
+* ``last run``: the newest run of the ``rebalance`` DAG, its state, and for a run that
+  skipped, the reason its task logged.
+
+Each line says what it could not find out instead of failing: ``make status`` also runs
+while the service is half up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+#: The newest commits of the log read for the newest window: every micro-batch of the job
+#: is one commit, so the newest window is in the last few.
+NEWEST_COMMITS = 20
+
+
+def newest_window(table: Path, newest: int = NEWEST_COMMITS) -> dt.datetime | None:
+    """The largest ``window_start`` written in the table's newest commits (from the
+    ``add`` actions' statistics), or None (no table, no statistics)."""
+    log = table / "_delta_log"
+    try:
+        commits = sorted((p for p in log.iterdir()
+                          if p.suffix == ".json" and p.stem.isdigit()), reverse=True)
+    except OSError:
+        return None
+    best: str | None = None
+    for path in commits[:newest]:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                add = json.loads(line).get("add")
+                stats = json.loads(add["stats"]) if add and add.get("stats") else None
+            except (ValueError, TypeError, KeyError):
+                continue
+            top = (stats or {}).get("maxValues", {}).get("window_start")
+            if isinstance(top, str) and (best is None or _instant(top) > _instant(best)):
+                best = top
+    return None if best is None else _instant(best)
+
+
+def _instant(text: str) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+def job_line(tables: Path, window_seconds: float, running: bool,
+             now: dt.datetime | None = None) -> str:
+    """The job's line: running or not, and when its newest window closed."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    state = "running" if running else "NOT running"
+    top = newest_window(tables / "key_histograms")
+    if top is None:
+        return f"{state}; no window written yet"
+    closed = top + dt.timedelta(seconds=window_seconds)
+    age = (now - closed).total_seconds()
+    return (f"{state}; newest window {top:%Y-%m-%d %H:%M:%S} UTC, closed {_ago(age)} "
+            "(event time)")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 0:
+        return "in the future"
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def dag_lines(api: Any, dag_id: str) -> list[tuple[str, str]]:
+    """The DAG's line and the last run's, from Airflow's REST API (``api``:
+    :class:`rebalance.airflow_client.AirflowClient`)."""
+    from .airflow_client import AirflowError
+
+    try:
+        dag = api.get(f"/api/v2/dags/{dag_id}")
+    except AirflowError as exc:
+        if exc.status == 404:
+            return [("dag", "not parsed yet (the dag-processor registers it within a minute)")]
+        return [("dag", f"unknown: {exc}")]
+    lines = [("dag", "PAUSED: nothing is scheduled; unpause it in the UI or run `make up`"
+              if dag.get("is_paused") else "active (unpaused)")]
+    try:
+        runs = api.get(f"/api/v2/dags/{dag_id}/dagRuns?order_by=-run_after&limit=1")["dag_runs"]
+    except (AirflowError, KeyError) as exc:
+        return lines + [("last run", f"unknown: {exc}")]
+    if not runs:
+        return lines + [("last run", "none yet")]
+    run = runs[0]
+    text = f"{run['dag_run_id']}: {run['state']}"
+    if run.get("end_date"):
+        text += f", ended {run['end_date']}"
+    if run["state"] == "success":
+        try:
+            tis = api.task_instances(dag_id, run["dag_run_id"])
+            if tis.get("apply", {}).get("state") == "success":
+                text += "; a plan was applied"
+            else:
+                reasons = api.skip_reasons(dag_id, run["dag_run_id"], tis)
+                if reasons:
+                    task, reason = next(iter(reasons.items()))
+                    text += f"; skipped at {task}: {reason}"
+        except AirflowError:
+            pass
+    return lines + [("last run", text)]
+
+
+def service_lines(service: Any, states: dict[str, str], dag_id: str) -> list[tuple[str, str]]:
+    """``make status``'s health lines for a :class:`rebalance.service.Service` whose
+    components are in ``states`` (name -> "running ..." / "stopped" / "dead ...")."""
+    from .airflow_client import AirflowClient, AirflowError
+
+    job = ("job", job_line(service.s.data / "tables", service.s.window_seconds,
+                           states.get("job", "").startswith("running")))
+    if not states.get("api-server", "").startswith("running"):
+        return [("dag", "unknown: the api-server is not running"), job]
+    try:
+        api = AirflowClient(service.s.api_url, *service.login(), timeout=10)
+    except AirflowError as exc:
+        return [("dag", f"unknown: {exc}"), job]
+    dag, *last = dag_lines(api, dag_id)
+    return [dag, job, *last]
