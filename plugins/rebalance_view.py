@@ -13,7 +13,9 @@ every DAG page and in the navigation:
   and after per instance (chart), moved keys with their state bytes, every validation
   expectation with its result, the verification, and the Delta commits behind the plan;
 * JSON for scripts: ``/rebalance/api/plans``, ``/rebalance/api/plans/{plan_id}``,
-  ``/rebalance/api/assignments``, ``/rebalance/api/loads``, ``/rebalance/api/imbalance``.
+  ``/rebalance/api/assignments``, ``/rebalance/api/loads``, ``/rebalance/api/imbalance``,
+  ``/rebalance/api/health`` (the health strip at the top of ``/rebalance/``: the DAG paused
+  or not, the job's newest window, the last run).
 
 Every endpoint requires an authenticated Airflow user allowed to read the ``rebalance``
 DAG (anonymous: 401, or a redirect to the login page for pages). The only action,
@@ -86,6 +88,38 @@ def api_loads(windows: int = 30) -> JSONResponse:
     return JSONResponse(views.instance_loads(_spark(), windows=windows))
 
 
+@app.get("/api/health")
+def api_health() -> JSONResponse:
+    return JSONResponse(_health())
+
+
+def _health() -> dict[str, str]:
+    """The health strip (as ``make status`` ends): the DAG paused or not and its newest
+    run, from Airflow's metadata database; the job's newest window, from the Delta log."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from rebalance.health import job_line
+    from rebalance.paths import data_dir
+
+    with create_session() as session:
+        dag = DagModel.get_dagmodel(DAG_ID, session=session)
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == DAG_ID)
+                              .order_by(DagRun.run_after.desc()).limit(1)).first()
+        last = ("none yet" if run is None else
+                f"{run.run_id}: {run.state}" + (f", ended {run.end_date:%Y-%m-%d %H:%M:%S} UTC"
+                                                if run.end_date else ""))
+    return {
+        "dag": ("not parsed yet" if dag is None else
+                "PAUSED: nothing is scheduled; unpause it or run `make up`" if dag.is_paused
+                else "active (unpaused)"),
+        "job": job_line(data_dir() / "tables", None),
+        "last run": last,
+    }
+
+
 @app.get("/api/imbalance")
 def api_imbalance(windows: int = 60) -> JSONResponse:
     from rebalance import views
@@ -113,8 +147,11 @@ def index(request: Request, triggered: str | None = None, error: str | None = No
     head = (f"live assignment <b>v{live['version']}</b> ({live['n_instances']} instances, "
             f"{live['routing_keys']} keys in the routing table)" if live else
             "no assignment published yet: every key on its default instance")
+    health = _health()
+    strip = " · ".join(f'<span class="{"bad" if v.startswith("PAUSED") else "ok"}">'
+                       f"<b>{_e(k)}</b> {_e(v)}</span>" for k, v in health.items())
     body = [
-        "<h1>Rebalance</h1>", notice,
+        "<h1>Rebalance</h1>", f'<p id="health">{strip}</p>', notice,
         f'<p>{head}. {len(history)} plan(s). '
         f'<a href="/dags/{DAG_ID}" target="_top">DAG {DAG_ID}</a> · '
         f'<a href="{PREFIX}/api/plans">JSON</a></p>',

@@ -25,31 +25,44 @@ from typing import Any
 NEWEST_COMMITS = 20
 
 
-def newest_window(table: Path, newest: int = NEWEST_COMMITS) -> dt.datetime | None:
+def newest_window(table: Path, newest: int = NEWEST_COMMITS
+                  ) -> tuple[dt.datetime | None, float | None]:
     """The largest ``window_start`` written in the table's newest commits (from the
-    ``add`` actions' statistics), or None (no table, no statistics)."""
+    ``add`` actions' statistics) and the window length the job recorded with that commit
+    (its ``window_seconds`` commit metadata); (None, None) without table or statistics."""
     log = table / "_delta_log"
     try:
         commits = sorted((p for p in log.iterdir()
                           if p.suffix == ".json" and p.stem.isdigit()), reverse=True)
     except OSError:
-        return None
-    best: str | None = None
+        return None, None
+    best: dt.datetime | None = None
+    seconds: float | None = None
     for path in commits[:newest]:
         try:
-            lines = path.read_text().splitlines()
-        except OSError:
+            actions = [json.loads(line) for line in path.read_text().splitlines() if line]
+        except (OSError, ValueError):
             continue
-        for line in lines:
+        meta = next((a["commitInfo"].get("userMetadata") for a in actions
+                     if isinstance(a, dict) and isinstance(a.get("commitInfo"), dict)), None)
+        for action in actions:
+            add = action.get("add") if isinstance(action, dict) else None
             try:
-                add = json.loads(line).get("add")
-                stats = json.loads(add["stats"]) if add and add.get("stats") else None
+                stats = json.loads(add["stats"]) if add and add.get("stats") else {}
+                top = _instant(stats["maxValues"]["window_start"])
             except (ValueError, TypeError, KeyError):
                 continue
-            top = (stats or {}).get("maxValues", {}).get("window_start")
-            if isinstance(top, str) and (best is None or _instant(top) > _instant(best)):
-                best = top
-    return None if best is None else _instant(best)
+            if best is None or top > best:
+                best, seconds = top, _window_seconds(meta)
+    return best, seconds
+
+
+def _window_seconds(meta: Any) -> float | None:
+    try:
+        value = json.loads(meta).get("window_seconds") if meta else None
+        return float(value) if value else None
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _instant(text: str) -> dt.datetime:
@@ -57,17 +70,18 @@ def _instant(text: str) -> dt.datetime:
     return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
-def job_line(tables: Path, window_seconds: float, running: bool,
+def job_line(tables: Path, running: bool | None, window_seconds: float | None = None,
              now: dt.datetime | None = None) -> str:
-    """The job's line: running or not, and when its newest window closed."""
+    """The job's line: running or not (None: not known here), and when its newest window
+    closed (``window_seconds``: if the commits do not record it)."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    state = "running" if running else "NOT running"
-    top = newest_window(tables / "key_histograms")
+    state = {True: "running; ", False: "NOT running; ", None: ""}[running]
+    top, recorded = newest_window(tables / "key_histograms")
     if top is None:
-        return f"{state}; no window written yet"
-    closed = top + dt.timedelta(seconds=window_seconds)
+        return f"{state}no window written yet"
+    closed = top + dt.timedelta(seconds=recorded or window_seconds or 0)
     age = (now - closed).total_seconds()
-    return (f"{state}; newest window {top:%Y-%m-%d %H:%M:%S} UTC, closed {_ago(age)} "
+    return (f"{state}newest window {top:%Y-%m-%d %H:%M:%S} UTC, closed {_ago(age)} "
             "(event time)")
 
 
@@ -124,8 +138,8 @@ def service_lines(service: Any, states: dict[str, str], dag_id: str) -> list[tup
     components are in ``states`` (name -> "running ..." / "stopped" / "dead ...")."""
     from .airflow_client import AirflowClient, AirflowError
 
-    job = ("job", job_line(service.s.data / "tables", service.s.window_seconds,
-                           states.get("job", "").startswith("running")))
+    job = ("job", job_line(service.s.data / "tables",
+                           states.get("job", "").startswith("running"), service.s.window_seconds))
     if not states.get("api-server", "").startswith("running"):
         return [("dag", "unknown: the api-server is not running"), job]
     try:

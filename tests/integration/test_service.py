@@ -137,11 +137,15 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
     from rebalance.health import service_lines
 
     path = "/api/v2/dags/rebalance"
+    # a window the job wrote (a fresh stack has none for its first seconds)
+    quiet.wait_windows_until(dt.datetime.fromtimestamp(5 * (time.time() // 5),
+                                                       dt.timezone.utc))
     api.call("PATCH", path, {"is_paused": True})
     assert api.get(path)["is_paused"] is True
     # `make status` says so (the health strip), and that the job writes windows
     health = dict(service_lines(quiet, quiet.status(), "rebalance"))
     assert health["dag"].startswith("PAUSED: nothing is scheduled"), health
+    assert api.get("/rebalance/api/health")["dag"].startswith("PAUSED")   # and the view
     assert re.match(r"running; newest window \S+ \S+ UTC, closed \d+ (s|min) ago",
                     health["job"]), health
     lines: list[str] = []
@@ -263,6 +267,9 @@ def test_a_backfill_started_in_the_ui_stores_what_if_plans(scheduled, ui, api):
     ui.page.goto(f"{ui.base}/rebalance/")
     ui.page.locator("#plans").get_by_text("what-if").first.wait_for(timeout=120_000)
     ui.shot("06-what-if-plans")
+    strip = ui.page.locator("#health").inner_text()     # the health strip, at the top
+    assert re.search(r"dag active \(unpaused\).*job newest window \S+ \S+ UTC, closed .*"
+                     r"last run \S+__", strip), strip
 
 
 def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(quiet):
