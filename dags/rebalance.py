@@ -29,10 +29,11 @@ import datetime as dt
 import pendulum
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk import Param, PokeReturnValue, TriggerRule, dag, task
+from airflow.sdk import Param, TriggerRule, dag, task
 
 from rebalance.control import inputs, rollout, tasks
 from rebalance.control import params as run_params
+from rebalance.control.waits import RolloutWait
 
 SENSOR_TIMEOUT = dt.timedelta(minutes=run_params.MAX_WAIT_MINUTES + 10)
 
@@ -115,32 +116,31 @@ def rebalance():
         state must move), under the apply lease; never for backfill or what-if plans."""
         return rollout.apply(published)
 
-    # mode "poke" (one try pokes every 5 s), not "reschedule": under load the executor's
-    # "success" event of a rescheduled poke can arrive after the try was queued again,
-    # and Airflow then fails the try ("finished with state success, but the task
-    # instance's state attribute is queued"); three such races failed a restart run
-    # whose job had acknowledged nothing wrong (tests/integration/test_service_faults.py).
-    # The sensors' own timeout lies beyond the longest wait the Params allow: the task's
-    # deadline (restart_timeout_minutes, verify_timeout_minutes) rolls back or marks the
-    # plan diverged first.
-    @task.sensor(poke_interval=5, timeout=SENSOR_TIMEOUT, mode="poke")
-    def await_restart(applied: dict) -> PokeReturnValue:
-        """apply_mode restart: wait for the streaming job to stop, migrate the moved keys'
-        state and acknowledge the new version; on failure or timeout restore the previous
-        version and fail. Passes through at once for a live switch."""
-        return PokeReturnValue(**rollout.await_restart(applied))
-
-    @task.sensor(poke_interval=10, timeout=SENSOR_TIMEOUT, mode="poke")
-    def verify(applied: dict) -> PokeReturnValue:
-        """Wait for the next window(s) under the new assignment and record the realised
-        imbalance on the plan; fail when it exceeds 1 + theta + `verify_tolerance`."""
-        return PokeReturnValue(**rollout.verify(applied))
+    # Deferred waits (rebalance.control.waits): checked once in the task, then on the
+    # triggerer every few seconds, so no worker slot is held while the job restarts or the
+    # next windows arrive. Their timeout lies beyond the longest wait the Params allow: the
+    # check's own deadline (restart_timeout_minutes, verify_timeout_minutes) rolls back or
+    # marks the plan diverged first.
+    def waits(applied):
+        restarted = RolloutWait(
+            task_id="await_restart", check="await_restart", applied=applied, poke_seconds=5,
+            timeout=SENSOR_TIMEOUT,
+            doc_md="apply_mode restart: wait for the streaming job to stop, migrate the moved "
+                   "keys' state and acknowledge the new version; on failure or timeout restore "
+                   "the previous version and fail. Passes through at once for a live switch.")
+        verified = RolloutWait(
+            task_id="verify", check="verify", applied=restarted.output, poke_seconds=10,
+            timeout=SENSOR_TIMEOUT,
+            doc_md="Wait for the next window(s) under the new assignment and record the "
+                   "realised imbalance on the plan; fail when it exceeds 1 + theta + "
+                   "`verify_tolerance`.")
+        return restarted >> verified
 
     published = publish(validate(plan(detect(windows()))))
     approval_gate(published) >> [approve, no_approval_needed]
     applied = apply(published)
     [approve, no_approval_needed] >> applied
-    verify(await_restart(applied))
+    waits(applied)
 
 
 rebalance()

@@ -98,7 +98,7 @@ def seed_interval(spark, dag, logical_date, counts, n_windows=6):
     return di
 
 
-#: Seconds between two pokes of the DAG's sensors (``await_restart``, ``verify``) in the
+#: Seconds between two checks of the DAG's waits (``await_restart``, ``verify``) in the
 #: tests: the stand-ins answer within a second, the DAG's own 5 and 10 s are for a live job.
 TEST_POKE_SECONDS = 1.0
 
@@ -107,13 +107,13 @@ def run_dag(dag, logical_date, conf=None):
     """One manual run with ``dag.test``; the run id depends only on the logical date.
 
     The DAG is parsed afresh for every run: in-process, Airflow 3.3 writes a run's conf
-    into the shared task objects' params, which would leak into the next run. Its sensors
-    poke every :data:`TEST_POKE_SECONDS` (``dag.test`` runs the parsed task objects).
+    into the shared task objects' params, which would leak into the next run. Its waits
+    check every :data:`TEST_POKE_SECONDS` (``dag.test`` runs the parsed task objects).
     """
     dag = load_dag()
     for task in dag.tasks:
-        if hasattr(task, "poke_interval"):
-            task.poke_interval = TEST_POKE_SECONDS
+        if hasattr(task, "poke_seconds"):       # the deferred waits (control.waits)
+            task.poke_seconds = TEST_POKE_SECONDS
     dr = dag.test(logical_date=logical_date, run_after=logical_date, run_conf=conf or {})
     return dr, task_states(dr.dag_id, dr.run_id)
 

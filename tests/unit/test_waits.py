@@ -1,0 +1,74 @@
+"""The deferred waits of the DAG (rebalance.control.waits): the trigger's loop, its
+serialization, and how a check's error crosses back to the task. The checks themselves
+(rollout.await_restart, rollout.verify) run for real in the DAG integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+
+from rebalance.control import waits
+from rebalance.control.errors import RestartFailed, RunSkipped, VerificationFailed
+
+
+def _events(trigger) -> list:
+    async def collect():
+        return [event async for event in trigger.run()]
+    return asyncio.run(collect())
+
+
+def test_the_trigger_checks_until_done_and_yields_one_event(monkeypatch):
+    answers = iter([{"is_done": False, "xcom_value": None}] * 2
+                   + [{"is_done": True, "xcom_value": {"plan": "p"}}])
+    seen = []
+
+    def check(applied):
+        seen.append(applied)
+        return next(answers)
+    monkeypatch.setitem(waits.CHECKS, "verify", check)
+    trigger = waits.RolloutWaitTrigger("verify", {"plan": {"plan_id": "p"}}, 0.01)
+    (event,) = _events(trigger)
+    assert event.payload == {"status": "done", "xcom_value": {"plan": "p"}}
+    assert len(seen) == 3 and seen[0] == {"plan": {"plan_id": "p"}}
+
+
+def test_a_failed_check_ends_the_wait_with_its_error(monkeypatch):
+    def check(applied):
+        raise RestartFailed("plan p: controlled restart failed; version 3 restored as 5")
+    monkeypatch.setitem(waits.CHECKS, "await_restart", check)
+    (event,) = _events(waits.RolloutWaitTrigger("await_restart", {}, 0.01))
+    assert event.payload == {"status": "error", "error": "RestartFailed",
+                             "message": "plan p: controlled restart failed; version 3 "
+                                        "restored as 5"}
+
+
+def test_the_trigger_serializes_to_what_rebuilds_it():
+    trigger = waits.RolloutWaitTrigger("verify", {"plan": {"plan_id": "p"}}, 10)
+    path, kwargs = trigger.serialize()
+    assert path == "rebalance.control.waits.RolloutWaitTrigger"
+    again = waits.RolloutWaitTrigger(**kwargs)
+    assert (again.check, again.applied, again.poke_seconds) == ("verify", {"plan": {"plan_id": "p"}},
+                                                                10.0)
+
+
+@pytest.mark.parametrize("error, cls", [("RestartFailed", RestartFailed),
+                                        ("VerificationFailed", VerificationFailed),
+                                        ("RunSkipped", RunSkipped)])
+def test_the_task_raises_the_checks_error_when_it_resumes(error, cls):
+    task = waits.RolloutWait(task_id="verify", check="verify", applied={}, poke_seconds=1,
+                             timeout=dt.timedelta(hours=1))
+    with pytest.raises(cls, match="the message"):
+        task.resume({}, {"status": "error", "error": error, "message": "the message"})
+    assert task.resume({}, {"status": "done", "xcom_value": 7}) == 7
+    with pytest.raises(RuntimeError, match="verify: KeyError: 'x'"):
+        task.resume({}, {"status": "error", "error": "KeyError", "message": "'x'"})
+
+
+def test_an_unknown_check_is_refused():
+    with pytest.raises(ValueError, match="unknown check 'wait'"):
+        waits.RolloutWaitTrigger("wait", {}, 1)
+    with pytest.raises(ValueError, match="unknown check 'wait'"):
+        waits.RolloutWait(task_id="x", check="wait", applied={}, poke_seconds=1,
+                          timeout=dt.timedelta(hours=1))
