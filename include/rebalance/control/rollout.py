@@ -387,7 +387,14 @@ def realised_imbalance(spark, version: int, n_instances: int,
     from ..spark import tables
 
     df = tables.read(spark, tables.KEY_HISTOGRAMS)
-    per_window = (df.groupBy("window_start")
+    # Only windows with a row under ``version`` can qualify: found first, with the files
+    # written before the version skipped by their statistics, so a check does not group
+    # the whole table by window (its cost would grow with the service's age).
+    candidates = [r.window_start for r in df.where(F.col("assignment_version") == version)
+                  .select("window_start").distinct().collect()]
+    if not candidates:
+        return None, []
+    per_window = (df.where(F.col("window_start").isin(candidates)).groupBy("window_start")
                   .agg(F.min("assignment_version").alias("lo"),
                        F.max("assignment_version").alias("hi"))
                   .where((F.col("lo") == version) & (F.col("hi") == version))
