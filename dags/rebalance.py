@@ -33,7 +33,7 @@ from airflow.sdk import Param, TriggerRule, dag, task
 
 from rebalance.control import inputs, rollout, tasks
 from rebalance.control import params as run_params
-from rebalance.control.waits import RolloutWait
+from rebalance.control.waits import RolloutWait, WindowsWait
 
 SENSOR_TIMEOUT = dt.timedelta(minutes=run_params.MAX_WAIT_MINUTES + 10)
 
@@ -50,12 +50,11 @@ SENSOR_TIMEOUT = dt.timedelta(minutes=run_params.MAX_WAIT_MINUTES + 10)
     doc_md=__doc__,
 )
 def rebalance():
-    @task
-    def windows(params=None, dag_run=None, data_interval_start=None, data_interval_end=None) -> dict:
-        """Pick the stored histogram windows of this run's data interval and pin their
-        Delta version; skip when there are too few valid windows or events."""
-        return inputs.read_windows(params, dag_run.dag_id, dag_run.run_id, dag_run.run_type,
-                                     data_interval_start, data_interval_end)
+    windows = WindowsWait(
+        task_id="windows", poke_seconds=inputs.WINDOWS_POLL_SECONDS, timeout=SENSOR_TIMEOUT,
+        doc_md="Pick the stored histogram windows of this run's data interval and pin their "
+               "Delta version, waiting on the triggerer for a starting or lagging job; skip "
+               "when there are too few valid windows or events.")
 
     @task
     def detect(windows: dict) -> dict:
@@ -123,20 +122,20 @@ def rebalance():
     # marks the plan diverged first.
     def waits(applied):
         restarted = RolloutWait(
-            task_id="await_restart", check="await_restart", applied=applied, poke_seconds=5,
+            task_id="await_restart", check="await_restart", payload=applied, poke_seconds=5,
             timeout=SENSOR_TIMEOUT,
             doc_md="apply_mode restart: wait for the streaming job to stop, migrate the moved "
                    "keys' state and acknowledge the new version; on failure or timeout restore "
                    "the previous version and fail. Passes through at once for a live switch.")
         verified = RolloutWait(
-            task_id="verify", check="verify", applied=restarted.output, poke_seconds=10,
+            task_id="verify", check="verify", payload=restarted.output, poke_seconds=10,
             timeout=SENSOR_TIMEOUT,
             doc_md="Wait for the next window(s) under the new assignment and record the "
                    "realised imbalance on the plan; fail when it exceeds 1 + theta + "
                    "`verify_tolerance`.")
         return restarted >> verified
 
-    published = publish(validate(plan(detect(windows()))))
+    published = publish(validate(plan(detect(windows.output))))
     approval_gate(published) >> [approve, no_approval_needed]
     applied = apply(published)
     [approve, no_approval_needed] >> applied

@@ -24,8 +24,8 @@ def test_the_trigger_checks_until_done_and_yields_one_event(monkeypatch):
                    + [{"is_done": True, "xcom_value": {"plan": "p"}}])
     seen = []
 
-    def check(applied):
-        seen.append(applied)
+    def check(payload):
+        seen.append(payload)
         return next(answers)
     monkeypatch.setitem(waits.CHECKS, "verify", check)
     trigger = waits.RolloutWaitTrigger("verify", {"plan": {"plan_id": "p"}}, 0.01)
@@ -35,7 +35,7 @@ def test_the_trigger_checks_until_done_and_yields_one_event(monkeypatch):
 
 
 def test_a_failed_check_ends_the_wait_with_its_error(monkeypatch):
-    def check(applied):
+    def check(payload):
         raise RestartFailed("plan p: controlled restart failed; version 3 restored as 5")
     monkeypatch.setitem(waits.CHECKS, "await_restart", check)
     (event,) = _events(waits.RolloutWaitTrigger("await_restart", {}, 0.01))
@@ -49,7 +49,7 @@ def test_the_trigger_serializes_to_what_rebuilds_it():
     path, kwargs = trigger.serialize()
     assert path == "rebalance.control.waits.RolloutWaitTrigger"
     again = waits.RolloutWaitTrigger(**kwargs)
-    assert (again.check, again.applied, again.poke_seconds) == ("verify", {"plan": {"plan_id": "p"}},
+    assert (again.check, again.payload, again.poke_seconds) == ("verify", {"plan": {"plan_id": "p"}},
                                                                 10.0)
 
 
@@ -57,7 +57,7 @@ def test_the_trigger_serializes_to_what_rebuilds_it():
                                         ("VerificationFailed", VerificationFailed),
                                         ("RunSkipped", RunSkipped)])
 def test_the_task_raises_the_checks_error_when_it_resumes(error, cls):
-    task = waits.RolloutWait(task_id="verify", check="verify", applied={}, poke_seconds=1,
+    task = waits.RolloutWait(task_id="verify", check="verify", payload={}, poke_seconds=1,
                              timeout=dt.timedelta(hours=1))
     with pytest.raises(cls, match="the message"):
         task.resume({}, {"status": "error", "error": error, "message": "the message"})
@@ -70,5 +70,5 @@ def test_an_unknown_check_is_refused():
     with pytest.raises(ValueError, match="unknown check 'wait'"):
         waits.RolloutWaitTrigger("wait", {}, 1)
     with pytest.raises(ValueError, match="unknown check 'wait'"):
-        waits.RolloutWait(task_id="x", check="wait", applied={}, poke_seconds=1,
+        waits.RolloutWait(task_id="x", check="wait", payload={}, poke_seconds=1,
                           timeout=dt.timedelta(hours=1))

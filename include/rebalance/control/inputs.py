@@ -58,7 +58,9 @@ def plan_store(spark=None) -> PlanStore:
 
 def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: Any,
                  data_interval_start: Any, data_interval_end: Any) -> dict[str, Any]:
-    """Pick the histogram windows of the run's data interval and pin the input snapshot.
+    """Pick the histogram windows of the run's data interval and pin the input snapshot,
+    waiting here up to :func:`windows_wait_seconds` for them (the DAG waits on the
+    triggerer instead: :func:`windows_check`).
 
     Returns ``{"run", "params", "inputs"}``; ``inputs`` names the windows, their event
     count, the ``key_histograms`` Delta version read, the base assignment version and
@@ -66,33 +68,57 @@ def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: 
     back (so its plan id does not change). Raises :class:`RunSkipped` when there are
     too few valid windows or events.
     """
-    p = RunParams.parse(params)
+    args = windows_args(params, dag_id, run_id, run_type, data_interval_start,
+                        data_interval_end)
+    while True:
+        result = windows_check(args)
+        if result["is_done"]:
+            return result["xcom_value"]
+        time.sleep(WINDOWS_POLL_SECONDS)
+
+
+def windows_args(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: Any,
+                 data_interval_start: Any, data_interval_end: Any) -> dict[str, Any]:
+    """What :func:`windows_check` needs, JSON-able (a trigger carries it): the run, its
+    params and the wall-clock deadline (epoch seconds) of its wait, from now."""
     run = RunInfo.of(dag_id, run_id, run_type, data_interval_start, data_interval_end)
+    return {"params": dict(params), "run": run.to_dict(),
+            "deadline": time.time() + windows_wait_seconds()}
+
+
+def windows_check(args: Mapping[str, Any]) -> dict[str, Any]:
+    """One look for the run's windows (:func:`windows_args`): ``{"is_done": True,
+    "xcom_value": {"run", "params", "inputs"}}``, or ``is_done`` False while there are too
+    few and the deadline has not passed (the job creates its tables at start and writes a
+    window once its watermark passed it: a starting or lagging job gets the time the
+    service allows, ``REBALANCE_WINDOWS_WAIT_SECONDS``). Backfills never wait. Raises
+    :class:`RunSkipped` when there are too few valid windows or events by then."""
+    p = RunParams.parse(args["params"])
+    run = RunInfo(**args["run"])
+    waiting = {"is_done": False, "xcom_value": None}
+    may_wait = not run.is_backfill and time.time() < float(args["deadline"])
     spark = spark_session()
     stored = plan_store(spark).find_for_run(run.dag_id, run.run_id)
     if stored is not None:
         log.info("run %s already stored plan %s: reusing its inputs", run.run_id, stored.plan_id)
-        return {"run": run.to_dict(), "params": p.to_dict(), "inputs": stored.inputs}
+        return {"is_done": True,
+                "xcom_value": {"run": run.to_dict(), "params": p.to_dict(),
+                               "inputs": stored.inputs}}
 
     from ..spark import tables
 
-    deadline = time.monotonic() + windows_wait_seconds()
-    while True:
-        # The job creates its tables at start and writes a window once its watermark
-        # passed it: give a starting or lagging job the time the service allows
-        # (REBALANCE_WINDOWS_WAIT_SECONDS) before skipping. Backfills never wait.
-        try:
-            if not tables.exists(spark, tables.ASSIGNMENTS):
-                raise RunSkipped("no assignments table yet (the streaming job creates it at "
-                                 "start): nothing to rebalance")
-            version, windows = _interval_windows(spark, run, p.lookback_windows)
-            valid = [w for w in windows if w["events"] > 0]
-            if len(valid) >= p.min_windows or run.is_backfill or time.monotonic() >= deadline:
-                break
-        except RunSkipped:
-            if run.is_backfill or time.monotonic() >= deadline:
-                raise
-        time.sleep(WINDOWS_POLL_SECONDS)
+    try:
+        if not tables.exists(spark, tables.ASSIGNMENTS):
+            raise RunSkipped("no assignments table yet (the streaming job creates it at "
+                             "start): nothing to rebalance")
+        version, windows = _interval_windows(spark, run, p.lookback_windows)
+    except RunSkipped:
+        if may_wait:
+            return waiting
+        raise
+    valid = [w for w in windows if w["events"] > 0]
+    if len(valid) < p.min_windows and may_wait:
+        return waiting
     live_version = tables.latest_assignment_version(spark)
     n_instances = tables.assignments_n_instances(spark)
     where = _windows_text(run, p.lookback_windows)
@@ -114,7 +140,8 @@ def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: 
     }
     log.info("windows %s: %d windows, %d events, key_histograms v%d, assignment v%d",
              where, len(valid), events, version, base)
-    return {"run": run.to_dict(), "params": p.to_dict(), "inputs": inputs}
+    return {"is_done": True,
+            "xcom_value": {"run": run.to_dict(), "params": p.to_dict(), "inputs": inputs}}
 
 
 #: How often ``windows`` looks again for the interval's windows while it waits.

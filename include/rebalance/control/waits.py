@@ -1,10 +1,12 @@
-"""The DAG's two waits, ``await_restart`` and ``verify``, deferred to the triggerer.
+"""The DAG's three waits, deferred to the triggerer: ``windows`` (are the interval's
+windows written), ``await_restart`` (has the job acknowledged the controlled restart) and
+``verify`` (are the windows under the new version in, and within the bound).
 
-Each is one check of :mod:`.rollout` (``await_restart``: has the job acknowledged the
-controlled restart; ``verify``: are the windows under the new version in, and within the
-bound), run once in the task and, while not done, every ``poke_seconds`` by
-:class:`RolloutWaitTrigger` on the triggerer (``make up`` runs one): the wait holds no
-worker slot, however long the run's deadline (``restart_timeout_minutes``,
+Each is one check (:func:`.inputs.windows_check`, :func:`.rollout.await_restart`,
+:func:`.rollout.verify`), run once in the task and, while not done, every
+``poke_seconds`` by :class:`RolloutWaitTrigger` on the triggerer (``make up`` runs one):
+the wait holds no worker slot, however long the run's deadline
+(``REBALANCE_WINDOWS_WAIT_SECONDS``, ``restart_timeout_minutes``,
 ``verify_timeout_minutes``, checked by the checks themselves) lets it last.
 
 The check runs in a thread of the triggerer (it reads Delta through Spark, which blocks).
@@ -23,22 +25,25 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from . import rollout
-from .errors import RestartFailed, RunSkipped, VerificationFailed
+from . import inputs, rollout
+from .errors import InvalidParams, RestartFailed, RunSkipped, VerificationFailed
 
-#: The checks a wait may run, by name: each returns ``{"is_done", "xcom_value"}``.
+#: The checks a wait may run, by name: each takes its JSON-able payload and returns
+#: ``{"is_done", "xcom_value"}``.
 CHECKS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    "windows": inputs.windows_check,
     "await_restart": rollout.await_restart,
     "verify": rollout.verify,
 }
 #: How a failed check's exception crosses from the triggerer back to the task.
-ERRORS = {cls.__name__: cls for cls in (RestartFailed, VerificationFailed, RunSkipped)}
+ERRORS = {cls.__name__: cls for cls in (RestartFailed, VerificationFailed, RunSkipped,
+                                       InvalidParams)}
 
 
-def _outcome(check: str, applied: Mapping[str, Any]) -> dict[str, Any]:
+def _outcome(check: str, payload: Mapping[str, Any]) -> dict[str, Any]:
     """One check, as a JSON-able event: done with its XCom, waiting, or the error."""
     try:
-        result = CHECKS[check](applied)
+        result = CHECKS[check](payload)
     except Exception as exc:  # noqa: BLE001 - handed back to the task, raised there
         return {"status": "error", "error": type(exc).__name__, "message": str(exc)}
     if result["is_done"]:
@@ -49,20 +54,20 @@ def _outcome(check: str, applied: Mapping[str, Any]) -> dict[str, Any]:
 class RolloutWaitTrigger(BaseTrigger):
     """Runs ``check`` every ``poke_seconds`` until it is done or fails (one event)."""
 
-    def __init__(self, check: str, applied: dict[str, Any], poke_seconds: float) -> None:
+    def __init__(self, check: str, payload: dict[str, Any], poke_seconds: float) -> None:
         super().__init__()
         if check not in CHECKS:
             raise ValueError(f"unknown check {check!r}; choose one of {', '.join(CHECKS)}")
-        self.check, self.applied, self.poke_seconds = check, applied, float(poke_seconds)
+        self.check, self.payload, self.poke_seconds = check, payload, float(poke_seconds)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"check": self.check, "applied": self.applied,
+                {"check": self.check, "payload": self.payload,
                  "poke_seconds": self.poke_seconds})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
-            event = await asyncio.to_thread(_outcome, self.check, self.applied)
+            event = await asyncio.to_thread(_outcome, self.check, self.payload)
             if event["status"] != "waiting":
                 yield TriggerEvent(event)
                 return
@@ -70,31 +75,31 @@ class RolloutWaitTrigger(BaseTrigger):
 
 
 class RolloutWait(BaseOperator):
-    """A wait of the rollout (``check``: ``await_restart`` or ``verify``) on ``applied``
-    (the XCom of the task before it): checked once here, then deferred while not done.
+    """A wait (``check``: ``await_restart`` or ``verify``) on ``payload`` (the XCom of the
+    task before it): checked once here, then deferred while not done.
     ``timeout`` lies beyond the longest deadline the Params allow, so the check's own
     deadline (rollback, diverged) always fires first."""
 
-    template_fields = ("applied",)
+    template_fields = ("payload",)
     ui_color = "#e8f4fd"
 
-    def __init__(self, *, check: str, applied: Any, poke_seconds: float,
+    def __init__(self, *, check: str, payload: Any, poke_seconds: float,
                  timeout: dt.timedelta, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if check not in CHECKS:
             raise ValueError(f"unknown check {check!r}; choose one of {', '.join(CHECKS)}")
-        self.check, self.applied = check, applied
+        self.check, self.payload = check, payload
         self.poke_seconds, self.timeout = float(poke_seconds), timeout
 
     def execute(self, context: Any) -> Any:
-        event = _outcome(self.check, self.applied)
-        if event["status"] == "waiting":
-            self.log.info("deferred to the triggerer: %s checked every %.0f s", self.check,
-                          self.poke_seconds)
-            self.defer(trigger=RolloutWaitTrigger(self.check, dict(self.applied),
-                                                  self.poke_seconds),
-                       method_name="resume", timeout=self.timeout)
-        return self.resume(context, event)
+        result = CHECKS[self.check](self.payload)     # its errors raised here as they are
+        if result["is_done"]:
+            return result["xcom_value"]
+        self.log.info("deferred to the triggerer: %s checked every %.0f s", self.check,
+                      self.poke_seconds)
+        self.defer(trigger=RolloutWaitTrigger(self.check, dict(self.payload),
+                                              self.poke_seconds),
+                   method_name="resume", timeout=self.timeout)
 
     def resume(self, context: Any, event: dict[str, Any]) -> Any:
         if event["status"] == "done":
@@ -103,3 +108,19 @@ class RolloutWait(BaseOperator):
         if error is None:
             raise RuntimeError(f"{self.check}: {event.get('error')}: {event.get('message')}")
         raise error(event["message"])
+
+
+class WindowsWait(RolloutWait):
+    """The run's first task: its windows (:func:`.inputs.windows_check`, on the run's
+    params and data interval), waited for on the triggerer until the wait's deadline."""
+
+    def __init__(self, *, poke_seconds: float, timeout: dt.timedelta, **kwargs: Any) -> None:
+        super().__init__(check="windows", payload=None, poke_seconds=poke_seconds,
+                         timeout=timeout, **kwargs)
+
+    def execute(self, context: Any) -> Any:
+        run = context["dag_run"]
+        self.payload = inputs.windows_args(
+            dict(context["params"]), run.dag_id, run.run_id, run.run_type,
+            context.get("data_interval_start"), context.get("data_interval_end"))
+        return super().execute(context)
