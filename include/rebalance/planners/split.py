@@ -181,8 +181,7 @@ def expand(problem: Problem, hot: np.ndarray, shares: np.ndarray) -> tuple[Probl
     reps = np.ones(problem.n_keys, dtype=np.int64)
     reps[hot] = shares
     owner = np.repeat(np.arange(problem.n_keys), reps)
-    first = np.ones(len(owner), dtype=bool)
-    first[1:] = owner[1:] != owner[:-1]
+    first = _firsts(owner)
     part = np.zeros(len(owner), dtype=np.int64)        # 0 for the first part of a key
     starts = np.flatnonzero(first)
     part[~first] = (np.arange(len(owner)) - np.repeat(starts, reps))[~first]
@@ -201,14 +200,20 @@ def expand(problem: Problem, hot: np.ndarray, shares: np.ndarray) -> tuple[Probl
     return expanded, owner
 
 
+def _firsts(owner: np.ndarray) -> np.ndarray:
+    """Which parts of an expanded problem are the first of their key (``owner`` sorted)."""
+    first = np.ones(len(owner), dtype=bool)
+    first[1:] = owner[1:] != owner[:-1]
+    return first
+
+
 def collapse(problem: Problem, owner: np.ndarray, parts: np.ndarray,
              hot: np.ndarray) -> tuple[np.ndarray, SplitKeys]:
     """An expanded plan's placement back on the problem's keys: every key's instance
     (a split key's: its largest share's, its current one among equals) and the keys
     whose parts landed on two or more instances, with their shares."""
     assignment = np.empty(problem.n_keys, dtype=np.int64)
-    first = np.ones(len(owner), dtype=bool)
-    first[1:] = owner[1:] != owner[:-1]
+    first = _firsts(owner)
     assignment[owner[first]] = parts[first]
     index, instances, shares = [], [], []
     positions = np.searchsorted(owner, hot)
@@ -258,8 +263,7 @@ def plan_split(problem: Problem, params: PlanParams, base: str = "auto",
         metrics = evaluate_split(problem, assignment, split)
         whole = np.ones(problem.n_keys, dtype=bool)
         whole[split.index] = False
-        reasons = [r for r in check_limits(problem, params, metrics,
-                                           np.where(whole, assignment, -1))]
+        reasons = check_limits(problem, params, metrics, np.where(whole, assignment, -1))
         drained = sorted(i for i in problem.drain if any(i in inst for inst in split.instances))
         if drained:
             reasons.append(f"split keys keep shares on drained instances {drained}")
