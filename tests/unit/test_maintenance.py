@@ -41,7 +41,8 @@ def test_nothing_is_expired_from_an_empty_table_or_without_a_retention():
     assert params.retention(m.POLICIES["key_histograms"]) == dt.timedelta(days=14)
     assert params.retention(m.POLICIES["results"]) == dt.timedelta(days=7)
     assert params.retention(m.POLICIES["events"]) is None  # 0: kept (off by default)
-    for never in ("plans", "plan_assignments", "assignments", "restarts", "control", "quarantine"):
+    for never in ("plans", "plan_assignments", "assignments", "restarts", "jobs", "control",
+                  "quarantine"):
         assert params.retention(m.POLICIES[never]) is None, never
 
 

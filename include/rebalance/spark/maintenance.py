@@ -106,6 +106,7 @@ POLICIES: dict[str, Policy] = {p.table.name: p for p in (
     Policy(tables.KEY_HISTOGRAMS, **_HISTOGRAMS),
     Policy(tables.INSTANCE_HISTOGRAMS, **_HISTOGRAMS),
     Policy(tables.RESTARTS),
+    Policy(tables.JOBS),
     Policy(PLANS),
     Policy(PLAN_ASSIGNMENTS),
     Policy(CONTROL, no_optimize="one lease row, rewritten by every UPDATE: nothing to compact, "
