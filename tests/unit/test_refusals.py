@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -140,13 +139,12 @@ def test_console_script_prints_only_the_error_line(case, files, tmp_path):
     if "histograms" in flags:
         flags["histograms"] = files[flags["histograms"]]
     out = flags.pop("out", tmp_path / "fresh" / "out")
-    t0 = time.perf_counter()
     done = subprocess.run([*_console_cmd(), *_plan_argv(files, out, **flags)],
                           capture_output=True, text=True, timeout=120)
+    # ("instances 10^9" took 42 s, then a 29.8 GiB allocation: now refused by its message
+    # before any input is read)
     _assert_refused(done.returncode, done.stdout, done.stderr, match)
     assert not Path(out).exists() and _written(tmp_path, files["dir"]) == []
-    if case == "instances 10^9":  # issue: 42 s then a 29.8 GiB allocation; now refused at once
-        assert time.perf_counter() - t0 < 30
 
 
 def test_plan_refuses_1e308_costs_instead_of_a_feasible_nan_plan(files, tmp_path, capsys):
@@ -247,12 +245,15 @@ def test_bench_refusals(case, files, tmp_path, capsys, monkeypatch):
     (["rollback", "--to-version", "1", "--lookback-windows", "0"],
      r"--lookback-windows must be within \[1, "),
 ])
-def test_audit_refusals_before_spark_starts(argv, match, capsys):
-    t0 = time.perf_counter()
+def test_audit_refusals_before_spark_starts(argv, match, capsys, monkeypatch):
+    from rebalance import apply_cli
+
+    def no_spark():
+        raise AssertionError("the command asked for a Spark session before refusing")
+    monkeypatch.setattr(apply_cli, "cli_spark_session", no_spark)  # no JVM may start
     code = cli.main(argv)
     cap = capsys.readouterr()
     _assert_refused(code, cap.out, cap.err, match, cmd=argv[0])
-    assert time.perf_counter() - t0 < 5  # no JVM was started
 
 
 @pytest.mark.parametrize("which", ["histograms", "assignment"])
