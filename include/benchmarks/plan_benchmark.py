@@ -40,7 +40,8 @@ Scenarios (workload: :mod:`rebalance.synthetic`, seed 0):
 Per planner: the largest imbalance over the counted intervals, the mean migration (as a
 fraction of the total state), the mean and largest table size, the median wall time of
 ``planner.plan()`` (search + evaluation + lower bound; building the problem is not
-counted), the mean migration lower bound, the number of feasible intervals, and the
+counted), the mean migration lower bound, the number of feasible intervals, the
+imbalance each plan has in the interval after the one it was made on (mean / max), and the
 peak memory: each planner runs in its own subprocess, which reports its ``ru_maxrss``
 (peak resident set of the whole process: Python, numpy, the workload and the planner;
 the RSS before the first plan is printed as ``base``). Targets are printed as PASS/FAIL.
@@ -91,7 +92,7 @@ def run_worker(scenario: str, planner: str, intervals: int, time_limit: float) -
     import numpy as np
 
     from rebalance.bounds import migration_lower_bound
-    from rebalance.model import PlanParams
+    from rebalance.model import PlanParams, imbalance
     from rebalance.planners import get_planner
     from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
 
@@ -130,10 +131,17 @@ def run_worker(scenario: str, planner: str, intervals: int, time_limit: float) -
             lb_plain = migration_lower_bound(
                 problem, max(problem.max_load(params.theta), m.max_load_after)
             ) / float(problem.state.sum())
+        # The plan judged on the interval after the one it was made on (planned on i, the
+        # job runs under it in i + 1): the imbalance it would have there.
+        following = w.load(i + 1)
+        loads = (plan.split.loads(problem, plan.assignment, following) if plan.split is not None
+                 else np.bincount(plan.assignment, weights=following,
+                                  minlength=problem.n_instances))
         rows.append({"lb_table": lb_table, "interval": i, "imbalance_before": m.imbalance_before,
                      "imbalance": m.imbalance_after, "migration": m.migration_fraction,
                      "table": m.table_size, "seconds": wall, "lb": lb_plain,
                      "feasible": plan.feasible, "moved": m.moved_keys,
+                     "next_imbalance": float(imbalance(loads, problem.active)),
                      "best_possible": max(1.0, float(problem.load.max() / problem.mean_load()))})
         current = plan.assignment
     if scenario.startswith("a"):
@@ -168,6 +176,8 @@ def summarise(result: dict) -> dict:
         "base_mb": result["base_mb"],
         "peak_mb": result["peak_mb"],
         "best_possible": max(r["best_possible"] for r in rows),
+        "mean_next": statistics.fmean(r["next_imbalance"] for r in rows),
+        "max_next": max(r["next_imbalance"] for r in rows),
     }
 
 
@@ -180,8 +190,9 @@ def print_table(scenario: str, summaries: list[dict]) -> None:
           f"{summaries[0]['best_possible']:.4f})")
     print("| planner | max imbalance | mean migration | mean fractional LB | migration/fractional LB | "
           "mean reported LB | migration/reported LB | mean table | "
-          "max table | median plan s | max plan s | feasible | base MB | peak MB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "max table | median plan s | max plan s | feasible | base MB | peak MB | "
+          "next interval: mean / max imbalance |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in summaries:
         ratio = r["mean_migration"] / r["mean_lb"] if r["mean_lb"] > 0 else float("nan")
         lbt = r["mean_lb_table"]
@@ -190,7 +201,8 @@ def print_table(scenario: str, summaries: list[dict]) -> None:
               f"{r['mean_lb']:.4%} | {ratio:.3f} | {lbt:.4%} | {ratio_t:.3f} | "
               f"{r['mean_table']:.0f} | {r['max_table']} | "
               f"{r['median_seconds']:.4f} | {r['max_seconds']:.4f} | "
-              f"{r['feasible']}/{r['intervals']} | {r['base_mb']:.0f} | {r['peak_mb']:.0f} |")
+              f"{r['feasible']}/{r['intervals']} | {r['base_mb']:.0f} | {r['peak_mb']:.0f} | "
+              f"{r['mean_next']:.4f} / {r['max_next']:.4f} |")
 
 
 def check_targets(results: dict[str, dict[str, dict]]) -> list[tuple[str, bool, str]]:
