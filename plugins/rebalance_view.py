@@ -101,20 +101,17 @@ def _health() -> dict[str, str]:
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    from rebalance.health import job_line
+    from rebalance.health import dag_text, job_line, run_text
     from rebalance.paths import data_dir
 
     with create_session() as session:
         dag = DagModel.get_dagmodel(DAG_ID, session=session)
         run = session.scalars(select(DagRun).where(DagRun.dag_id == DAG_ID)
                               .order_by(DagRun.run_after.desc()).limit(1)).first()
-        last = ("none yet" if run is None else
-                f"{run.run_id}: {run.state}" + (f", ended {run.end_date:%Y-%m-%d %H:%M:%S} UTC"
-                                                if run.end_date else ""))
+        last = (run_text(None, None) if run is None else
+                run_text(run.run_id, run.state, run.end_date))
     return {
-        "dag": ("not parsed yet" if dag is None else
-                "PAUSED: nothing is scheduled; unpause it or run `make up`" if dag.is_paused
-                else "active (unpaused)"),
+        "dag": dag_text(None if dag is None else bool(dag.is_paused)),
         "job": job_line(data_dir() / "tables", None),
         "last run": last,
     }

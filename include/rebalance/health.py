@@ -95,6 +95,22 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
+def dag_text(is_paused: bool | None) -> str:
+    """The DAG's line: paused or not (None: not registered yet)."""
+    if is_paused is None:
+        return "not parsed yet (the dag-processor registers it within a minute)"
+    return ("PAUSED: nothing is scheduled; unpause it in the UI or run `make up`" if is_paused
+            else "active (unpaused)")
+
+
+def run_text(run_id: str | None, state: Any, ended: Any = None) -> str:
+    """The last run's line: its id, state and end (None: no run yet)."""
+    if run_id is None:
+        return "none yet"
+    ended = ended.strftime("%Y-%m-%d %H:%M:%S UTC") if isinstance(ended, dt.datetime) else ended
+    return f"{run_id}: {state}" + (f", ended {ended}" if ended else "")
+
+
 def dag_lines(api: Any, dag_id: str) -> list[tuple[str, str]]:
     """The DAG's line and the last run's, from Airflow's REST API (``api``:
     :class:`rebalance.airflow_client.AirflowClient`)."""
@@ -104,20 +120,17 @@ def dag_lines(api: Any, dag_id: str) -> list[tuple[str, str]]:
         dag = api.get(f"/api/v2/dags/{dag_id}")
     except AirflowError as exc:
         if exc.status == 404:
-            return [("dag", "not parsed yet (the dag-processor registers it within a minute)")]
+            return [("dag", dag_text(None))]
         return [("dag", f"unknown: {exc}")]
-    lines = [("dag", "PAUSED: nothing is scheduled; unpause it in the UI or run `make up`"
-              if dag.get("is_paused") else "active (unpaused)")]
+    lines = [("dag", dag_text(bool(dag.get("is_paused"))))]
     try:
         runs = api.get(f"/api/v2/dags/{dag_id}/dagRuns?order_by=-run_after&limit=1")["dag_runs"]
     except (AirflowError, KeyError) as exc:
         return lines + [("last run", f"unknown: {exc}")]
     if not runs:
-        return lines + [("last run", "none yet")]
+        return lines + [("last run", run_text(None, None))]
     run = runs[0]
-    text = f"{run['dag_run_id']}: {run['state']}"
-    if run.get("end_date"):
-        text += f", ended {run['end_date']}"
+    text = run_text(run["dag_run_id"], run["state"], run.get("end_date"))
     if run["state"] == "success":
         try:
             tis = api.task_instances(dag_id, run["dag_run_id"])
