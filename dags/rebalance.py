@@ -45,13 +45,14 @@ SENSOR_TIMEOUT = dt.timedelta(minutes=run_params.MAX_WAIT_MINUTES + 10)
     catchup=False,
     max_active_runs=1,
     params={name: Param(**spec) for name, spec in run_params.PARAMS_SCHEMA.items()},
-    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
+    default_args={"retries": 2,
+                  "retry_delay": dt.timedelta(seconds=inputs.retry_delay_seconds())},
     tags=["rebalance"],
     doc_md=__doc__,
 )
 def rebalance():
     windows = WindowsWait(
-        task_id="windows", poke_seconds=inputs.WINDOWS_POLL_SECONDS, timeout=SENSOR_TIMEOUT,
+        task_id="windows", poke_seconds=inputs.wait_poll_seconds(), timeout=SENSOR_TIMEOUT,
         doc_md="Pick the stored histogram windows of this run's data interval and pin their "
                "Delta version, waiting on the triggerer for a starting or lagging job; skip "
                "when there are too few valid windows or events.")
@@ -122,13 +123,15 @@ def rebalance():
     # marks the plan diverged first.
     def waits(applied):
         restarted = RolloutWait(
-            task_id="await_restart", check="await_restart", payload=applied, poke_seconds=5,
+            task_id="await_restart", check="await_restart", payload=applied,
+            poke_seconds=inputs.wait_poll_seconds(),
             timeout=SENSOR_TIMEOUT,
             doc_md="apply_mode restart: wait for the streaming job to stop, migrate the moved "
                    "keys' state and acknowledge the new version; on failure or timeout restore "
                    "the previous version and fail. Passes through at once for a live switch.")
         verified = RolloutWait(
-            task_id="verify", check="verify", payload=restarted.output, poke_seconds=10,
+            task_id="verify", check="verify", payload=restarted.output,
+            poke_seconds=inputs.wait_poll_seconds(),
             timeout=SENSOR_TIMEOUT,
             doc_md="Wait for the next window(s) under the new assignment and record the "
                    "realised imbalance on the plan; fail when it exceeds 1 + theta + "

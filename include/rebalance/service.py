@@ -88,6 +88,8 @@ class Settings:
     #: How long a run's ``windows`` task waits for its interval's last windows (the job
     #: writes a window once its watermark passed it).
     windows_wait_seconds: float = 90.0
+    #: How long Airflow waits before retrying a failed task of the ``rebalance`` DAG.
+    retry_delay_seconds: float = 30.0
     #: Airflow settings for the Airflow processes (``AIRFLOW__SECTION__KEY`` -> value),
     #: over the service's own (tests shorten Airflow's heartbeat timeouts with it).
     airflow_settings: dict[str, str] = field(default_factory=dict)
@@ -194,6 +196,9 @@ def airflow_env(s: Settings) -> dict[str, str]:
         # windows once its watermark passed them.
         "REBALANCE_WINDOWS_WAIT_SECONDS": f"{s.windows_wait_seconds:g}",
         "REBALANCE_JOB_NAME": job_name(s),
+        # The DAG's waits look again a few times per window (at most every 5 s).
+        "REBALANCE_WAIT_POLL_SECONDS": f"{min(5.0, s.window_seconds / 4):g}",
+        "REBALANCE_RETRY_DELAY_SECONDS": f"{s.retry_delay_seconds:g}",
     })
     bad = [k for k in s.airflow_settings if not k.startswith("AIRFLOW__")]
     if bad:

@@ -361,14 +361,16 @@ def stack_settings(root: Path):
     window is as steady as there. The hot keys do not shift during a session (every 3600 s
     [600]): a verified plan is compared with windows of the load it was planned on. The
     job reads restart requests every 2 s [10]; a run waits 20 s [90] for its interval's
-    last windows. Temporary Airflow home and data folder, free loopback ports."""
+    last windows, its waits look again every 1.25 s [5], a failed task is retried after
+    5 s [30]. Temporary Airflow home and data folder, free loopback ports."""
     from rebalance.service import Settings
 
     return Settings(data=root / "data", airflow_home=root / "airflow",
                     api_port=free_port(), connect_port=free_port(), schedule=SCHEDULE,
                     window_seconds=5, trigger_seconds=2, batch_seconds=5,
                     events_per_second=800, fluctuation_seconds=3600, restart_poll_seconds=2,
-                    windows_wait_seconds=20, airflow_settings=dict(AIRFLOW_TEST_SETTINGS))
+                    windows_wait_seconds=20, retry_delay_seconds=5,
+                    airflow_settings=dict(AIRFLOW_TEST_SETTINGS))
 
 
 class ServiceStack(Service):

@@ -13,8 +13,9 @@ Airflow's task-heartbeat timeouts are shortened for the stack
    on the default placement: exactly one plan is applied, the other run ends with the
    reason (``max_active_runs=1`` queues it behind the first; it then meets the cooldown of
    the seed 004 trigger rules);
-2. ``kill -9`` of the Airflow task process of ``publish`` right after its commit to
-   ``plans``: Airflow's retry publishes the same plan id, no extra Delta version;
+2. in the same runs (one scenario, checked by two tests), ``kill -9`` of the Airflow task
+   process of the first run's ``publish`` right after its commit to ``plans``: Airflow's
+   retry publishes the same plan id, no extra Delta version;
 3. the scheduler (with its executor, supervisors and task processes) killed with
    ``kill -9`` while ``apply`` runs, then restarted by the service (``up`` starts what is
    down): the run completes, the plan is applied once, the apply lease is released;
@@ -169,12 +170,16 @@ def _forced_interval(svc) -> tuple[dt.datetime, dt.datetime]:
 #: The double trigger's runs look at the two windows of the last 10 s: a period of 10 s
 #: for the trigger rules' cooldown (3 periods), which the rollback must be older than.
 DOUBLE_TRIGGER_INTERVAL = dt.timedelta(seconds=10)
+DOUBLE_TRIGGER_RUNS = ("manual__double-trigger-1", "manual__double-trigger-2")
 
 
-def test_two_manual_triggers_at_once_through_the_rest_api_apply_one_plan(quiet, api):
-    """Two identical triggers (a double click) on the default placement, which the seed 004
-    trigger rules plan on without ``force``: one applies a plan, the other, queued behind
-    it, meets the rules' cooldown and stores nothing."""
+@pytest.fixture(scope="module")
+def double_trigger(quiet, api) -> dict:
+    """Two identical triggers at once (a double click) on the default placement, which the
+    seed 004 trigger rules plan on without ``force``; the run that goes first has the
+    Airflow task process of its ``publish`` killed with ``kill -9`` right after the commit
+    to ``plans``. Returns what the two tests below check: the runs' ends, task instances,
+    plans and the publish commits."""
     service = quiet
     service.restore_default_placement()
     live = [dt.datetime.fromisoformat(p["updated_at"]).timestamp() for p in api.plans()
@@ -184,7 +189,7 @@ def test_two_manual_triggers_at_once_through_the_rest_api_apply_one_plan(quiet, 
     end = dt.datetime.fromtimestamp(5 * -(-end_ts // 5), dt.timezone.utc)  # on the 5-s grid
     service.wait_windows_until(end, timeout=cooldown + 120)
     start = end - DOUBLE_TRIGGER_INTERVAL
-    runs = ["manual__double-trigger-1", "manual__double-trigger-2"]
+    runs = list(DOUBLE_TRIGGER_RUNS)
     # identical, as a double click sends; the seed 004 rules, whose cooldown (no plan live
     # in the last 3 periods) refuses the second run whatever the loads after the first plan
     conf = {"apply_mode": "broadcast", "trigger_rule": "seed004"}
@@ -205,56 +210,69 @@ def test_two_manual_triggers_at_once_through_the_rest_api_apply_one_plan(quiet, 
     for t in threads:
         t.join()
     assert all(a in ("queued", "running") for a in answers.values()), answers
+
+    def publishing():
+        for run_id in runs:
+            state, pid, _ = _ti_row(service, run_id, "publish")
+            if state == "running" and pid:
+                return run_id, pid
+        return None
+    first, pid = _wait("a publish task running", publishing, RUN_TIMEOUT, 0.05)
+    plan_id = _plans_of(service, first)[0]["plan_id"]
+
+    def published():
+        if _commits(service, "plans", plan_id, "publish"):
+            return True
+        if _ti_row(service, first, "publish")[0] != "running":
+            raise AssertionError("publish finished before its commit was seen: kill missed")
+        return False
+    _wait("the publish commit", published, 300, 0.01)
+    os.killpg(pid, signal.SIGKILL)  # the task runner has its own process group
+    killed = time.monotonic()
+    after_kill = _ti_row(service, first, "publish")[0]
     done = {r: api.wait_done(r) for r in runs}
-    took = time.monotonic() - t0
-    assert all(d["state"] == "success" for d in done.values()), {
-        r: {k: v["state"] for k, v in api.tis(r).items()} for r in runs}
-    applied = [r for r in runs if _plans_of(service, r)]
-    assert len(applied) == 1, {r: _plans_of(service, r) for r in runs}
+    return {"runs": runs, "answers": answers, "done": done, "first": first,
+            "plan_id": plan_id, "state_right_after_kill": after_kill,
+            "tis": {r: api.tis(r) for r in runs}, "plans": {r: _plans_of(service, r) for r in runs},
+            "seconds_until_both_done": round(time.monotonic() - t0, 1),
+            "seconds_from_kill_to_first_done": round(time.monotonic() - killed, 1)}
+
+
+def test_two_manual_triggers_at_once_through_the_rest_api_apply_one_plan(
+        quiet, api, double_trigger):
+    """One run applies a plan; the other, queued behind it, meets the rules' cooldown and
+    stores nothing."""
+    service, d = quiet, double_trigger
+    runs, done = d["runs"], d["done"]
+    assert all(x["state"] == "success" for x in done.values()), {
+        r: {k: v["state"] for k, v in d["tis"][r].items()} for r in runs}
+    applied = [r for r in runs if d["plans"][r]]
+    assert applied == [d["first"]], d["plans"]
     winner, other = applied[0], next(r for r in runs if r != applied[0])
     plan = _applied_once(service, api, winner)
     # the other run waited (max_active_runs=1), then skipped with the reason, storing nothing
     assert done[other]["start_date"] >= done[winner]["end_date"], done
-    tis = api.tis(other)
+    tis = d["tis"][other]
     assert tis["detect"]["state"] == "skipped", {k: v["state"] for k, v in tis.items()}
     assert tis["apply"]["state"] == "skipped"
     reason = api.log(other, "detect", tis["detect"]["try_number"])
     assert "trigger rules" in reason, reason[-2000:]
     said = next((m for m in reason.split('"') if "trigger rules" in m), "")
     service.figures["double_trigger"] = {
-        "post_answers": answers, "winner": winner, "plan": plan,
+        "post_answers": d["answers"], "winner": winner, "plan": plan,
         "other_started_after_winner_ended": True, "other_reason": said[:300],
-        "seconds_until_both_done": round(took, 1)}
+        "seconds_until_both_done": d["seconds_until_both_done"]}
     print("two triggers at once:", service.figures["double_trigger"], flush=True)
 
 
-def test_kill9_of_the_publish_task_process_then_the_retry_publishes_the_same_plan_once(quiet, api):
-    service = quiet
-    start, end = _forced_interval(service)
-    run_id = "manual__faults-publish"
-    api.trigger_in(run_id, end, start, end,
-                {"force": True, "apply_mode": "broadcast"})
-    state, pid, _ = _wait("the publish task running", lambda: (
-        (lambda r: r if r[0] == "running" and r[1] else None)(_ti_row(service, run_id, "publish"))),
-        RUN_TIMEOUT, 0.05)
-    plan_id = _plans_of(service, run_id)[0]["plan_id"]
-    log = _tables(service) / "plans" / "_delta_log"
-
-    def published():
-        if _commits(service, "plans", plan_id, "publish"):
-            return True
-        if _ti_row(service, run_id, "publish")[0] != "running":
-            raise AssertionError("publish finished before its commit was seen: kill missed")
-        return False
-    _wait("the publish commit", published, 300, 0.01)
-    os.killpg(pid, signal.SIGKILL)  # the task runner has its own process group
-    killed = time.monotonic()
-    after_kill = _ti_row(service, run_id, "publish")[0]
-    assert log.is_dir()
-    run = api.wait_done(run_id)
-    recovered = time.monotonic() - killed
-    tis = api.tis(run_id)
-    assert run["state"] == "success", {k: v["state"] for k, v in tis.items()}
+def test_kill9_of_the_publish_task_process_then_the_retry_publishes_the_same_plan_once(
+        quiet, api, double_trigger):
+    """The first run's ``publish`` killed after its commit: Airflow's retry publishes the
+    same plan id, with no extra Delta version, and the plan is applied once."""
+    service, d = quiet, double_trigger
+    run_id, plan_id = d["first"], d["plan_id"]
+    tis = d["tis"][run_id]
+    assert d["done"][run_id]["state"] == "success", {k: v["state"] for k, v in tis.items()}
     assert tis["publish"]["try_number"] >= 2, tis["publish"]  # Airflow retried the killed try
     first_try = api.log(run_id, "publish", 1)
     plan = _applied_once(service, api, run_id)                 # same plan id: one plan row
@@ -262,10 +280,10 @@ def test_kill9_of_the_publish_task_process_then_the_retry_publishes_the_same_pla
     assert len(_commits(service, "plans", plan_id, "publish")) == 1  # no extra version
     assert len(_commits(service, "plan_assignments", plan_id)) == 1
     service.figures["kill9_publish"] = {
-        "plan_id": plan_id, "state_right_after_kill": after_kill,
+        "plan_id": plan_id, "state_right_after_kill": d["state_right_after_kill"],
         "publish_tries": tis["publish"]["try_number"],
         "first_try_log_tail": first_try[-300:],
-        "seconds_from_kill_to_run_success": round(recovered, 1)}
+        "seconds_from_kill_to_run_success": d["seconds_from_kill_to_first_done"]}
     print("kill -9 during publish:", service.figures["kill9_publish"], flush=True)
 
 

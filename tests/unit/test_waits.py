@@ -72,3 +72,28 @@ def test_an_unknown_check_is_refused():
     with pytest.raises(ValueError, match="unknown check 'wait'"):
         waits.RolloutWait(task_id="x", check="wait", payload={}, poke_seconds=1,
                           timeout=dt.timedelta(hours=1))
+
+
+def test_the_waits_poll_and_retry_delay_come_from_the_environment_or_the_defaults(
+        monkeypatch):
+    from rebalance.control import inputs
+    from rebalance.service import Settings, airflow_env
+
+    monkeypatch.delenv("REBALANCE_WAIT_POLL_SECONDS", raising=False)
+    monkeypatch.delenv("REBALANCE_RETRY_DELAY_SECONDS", raising=False)
+    assert (inputs.wait_poll_seconds(), inputs.retry_delay_seconds()) == (5.0, 30.0)
+    monkeypatch.setenv("REBALANCE_WAIT_POLL_SECONDS", "1.25")
+    monkeypatch.setenv("REBALANCE_RETRY_DELAY_SECONDS", "0")
+    assert (inputs.wait_poll_seconds(), inputs.retry_delay_seconds()) == (1.25, 0.0)
+    for bad in ("0", "-1", "soon", "nan", "601"):
+        monkeypatch.setenv("REBALANCE_WAIT_POLL_SECONDS", bad)
+        with pytest.raises(ValueError, match=f"REBALANCE_WAIT_POLL_SECONDS must be .*{bad!r}"):
+            inputs.wait_poll_seconds()
+    monkeypatch.setenv("REBALANCE_RETRY_DELAY_SECONDS", "-5")
+    with pytest.raises(ValueError, match="REBALANCE_RETRY_DELAY_SECONDS must be .*'-5'"):
+        inputs.retry_delay_seconds()
+    # the service polls a few times per window, at most every 5 s
+    env = airflow_env(Settings(window_seconds=5, retry_delay_seconds=5))
+    assert (env["REBALANCE_WAIT_POLL_SECONDS"], env["REBALANCE_RETRY_DELAY_SECONDS"]) == (
+        "1.25", "5")
+    assert airflow_env(Settings())["REBALANCE_WAIT_POLL_SECONDS"] == "5"

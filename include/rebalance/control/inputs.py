@@ -74,7 +74,7 @@ def read_windows(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: 
         result = windows_check(args)
         if result["is_done"]:
             return result["xcom_value"]
-        time.sleep(WINDOWS_POLL_SECONDS)
+        time.sleep(wait_poll_seconds())
 
 
 def windows_args(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: Any,
@@ -144,8 +144,42 @@ def windows_check(args: Mapping[str, Any]) -> dict[str, Any]:
             "xcom_value": {"run": run.to_dict(), "params": p.to_dict(), "inputs": inputs}}
 
 
-#: How often ``windows`` looks again for the interval's windows while it waits.
-WINDOWS_POLL_SECONDS = 5.0
+#: How often the DAG's waits (``windows``, ``await_restart``, ``verify``) look again, by
+#: default: a few times per 20-s window.
+WAIT_POLL_SECONDS = 5.0
+
+
+def wait_poll_seconds() -> float:
+    """How often the DAG's waits look again (``REBALANCE_WAIT_POLL_SECONDS``, default
+    :data:`WAIT_POLL_SECONDS`). The service sets a quarter of its window length, so a
+    verification on windows of a few seconds is not left waiting a whole poll."""
+    import os
+
+    raw = os.environ.get("REBALANCE_WAIT_POLL_SECONDS", "")
+    try:
+        value = float(raw) if raw else WAIT_POLL_SECONDS
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 600:
+        raise ValueError(f"REBALANCE_WAIT_POLL_SECONDS must be a number of seconds in (0, 600], "
+                         f"got {raw!r}")
+    return value
+
+
+def retry_delay_seconds() -> float:
+    """How long Airflow waits before a failed task of the DAG runs again
+    (``REBALANCE_RETRY_DELAY_SECONDS``, default 30)."""
+    import os
+
+    raw = os.environ.get("REBALANCE_RETRY_DELAY_SECONDS", "")
+    try:
+        value = float(raw) if raw else 30.0
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 3600:
+        raise ValueError(f"REBALANCE_RETRY_DELAY_SECONDS must be a number of seconds in "
+                         f"[0, 3600], got {raw!r}")
+    return value
 
 
 def windows_wait_seconds() -> float:
