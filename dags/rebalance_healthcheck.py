@@ -18,7 +18,7 @@ def rebalance_healthcheck():
     @task
     def delta_round_trip() -> dict:
         """Write a Delta table twice with commit metadata and read its history back."""
-        from rebalance.healthcheck import delta_round_trip as run
+        from rebalance.control.healthcheck import delta_round_trip as run
 
         result = run()
         return {"path": result.path, "rows": result.rows, "versions": result.versions}

@@ -18,7 +18,7 @@ import sys
 PRELOAD = (
     "pandas", "numpy", "pyarrow", "pyspark.sql.connect.session", "great_expectations",
     "great_expectations.expectations", "rebalance.control.tasks", "rebalance.control.rollout",
-    "rebalance.validation", "rebalance.planners", "rebalance.streaming.restart",
+    "rebalance.control.validation", "rebalance.core.planners", "rebalance.streaming.restart",
 )
 
 

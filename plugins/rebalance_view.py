@@ -21,7 +21,7 @@ Every endpoint requires an authenticated Airflow user allowed to read the ``reba
 DAG (anonymous: 401, or a redirect to the login page for pages). The only action,
 **rollback**, triggers a run of the ``rebalance_rollback`` DAG through Airflow's own REST
 API with the caller's credentials; nothing here writes to Delta. Data is read through
-:mod:`rebalance.views` on the control plane's Spark (the Spark Connect server of
+:mod:`rebalance.ui.views` on the control plane's Spark (the Spark Connect server of
 ``make up``, ``REBALANCE_SPARK_REMOTE``).
 """
 
@@ -59,15 +59,13 @@ def _spark():
 # ------------------------------------------------------------------------------ JSON API
 @app.get("/api/plans")
 def api_plans(limit: int = 200) -> JSONResponse:
-    from rebalance import views
-
+    from rebalance.ui import views
     return JSONResponse(views.plans(_spark(), limit=limit))
 
 
 @app.get("/api/plans/{plan_id}")
 def api_plan(plan_id: str) -> JSONResponse:
-    from rebalance import views
-
+    from rebalance.ui import views
     try:
         return JSONResponse(json.loads(json.dumps(views.plan(_spark(), plan_id), default=str)))
     except views.NotFound as exc:
@@ -76,15 +74,13 @@ def api_plan(plan_id: str) -> JSONResponse:
 
 @app.get("/api/assignments")
 def api_assignments() -> JSONResponse:
-    from rebalance import views
-
+    from rebalance.ui import views
     return JSONResponse(views.assignments(_spark()))
 
 
 @app.get("/api/loads")
 def api_loads(windows: int = 30) -> JSONResponse:
-    from rebalance import views
-
+    from rebalance.ui import views
     return JSONResponse(views.instance_loads(_spark(), windows=windows))
 
 
@@ -101,8 +97,8 @@ def _health() -> dict[str, str]:
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    from rebalance.health import dag_text, job_line, run_text
-    from rebalance.paths import data_dir
+    from rebalance.ops.health import dag_text, job_line, run_text
+    from rebalance.spark.paths import data_dir
 
     with create_session() as session:
         dag = DagModel.get_dagmodel(DAG_ID, session=session)
@@ -119,16 +115,14 @@ def _health() -> dict[str, str]:
 
 @app.get("/api/imbalance")
 def api_imbalance(windows: int = 60) -> JSONResponse:
-    from rebalance import views
-
+    from rebalance.ui import views
     return JSONResponse(views.realised_imbalance(_spark(), windows=windows))
 
 
 # --------------------------------------------------------------------------------- pages
 @app.get("/", response_class=HTMLResponse)
 def index(request: Request, triggered: str | None = None, error: str | None = None) -> str:
-    from rebalance import views
-
+    from rebalance.ui import views
     spark = _spark()
     loads = views.instance_loads(spark, windows=30)
     realised = views.realised_imbalance(spark, windows=60)
@@ -162,8 +156,7 @@ def index(request: Request, triggered: str | None = None, error: str | None = No
 
 @app.get("/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(plan_id: str) -> str:
-    from rebalance import views
-
+    from rebalance.ui import views
     try:
         p = views.plan(_spark(), plan_id)
     except views.NotFound as exc:

@@ -21,7 +21,7 @@ versions of auto see exactly the same problems whatever they plan:
 * ``seed003-n64``: the same generator with K = 5000, N = 64, Zipf 0.5 (at 0.85 the top
   key alone is several mean loads at N = 64), theta = 0.08, no A_max.
 * ``job-n32``: histograms as the streaming job writes them, built through
-  :func:`rebalance.histograms.build_problem`: the event generator's frequencies
+  :func:`rebalance.core.histograms.build_problem`: the event generator's frequencies
   (1000 keys, Zipf 1.0, fluctuation 1 per window), 6000 events per window sampled
   (about 700 keys appear per window), state = the job's estimate for a key holding its
   last 3 windows (:func:`rebalance.streaming.processor.state_bytes`), N = 32,
@@ -45,8 +45,8 @@ JOB_WINDOWS_HELD = 3
 
 
 def _seed003(n_keys, n_instances, zipf, theta, max_table):
-    from rebalance.model import PlanParams
-    from rebalance.synthetic import SEED003_STATE_WINDOW, SyntheticConfig, SyntheticWorkload
+    from rebalance.core.model import PlanParams
+    from rebalance.core.synthetic import SEED003_STATE_WINDOW, SyntheticConfig, SyntheticWorkload
 
     w = SyntheticWorkload(SyntheticConfig(n_keys=n_keys, n_instances=n_instances, zipf=zipf,
                                           fluctuation=1.0, state_window=SEED003_STATE_WINDOW,
@@ -59,9 +59,9 @@ def _job(n_keys, zipf, events, n_instances, theta):
     import numpy as np
     import pandas as pd
 
-    from rebalance.histograms import build_problem
-    from rebalance.model import PlanParams
-    from rebalance.placement import default_instances
+    from rebalance.core.histograms import build_problem
+    from rebalance.core.model import PlanParams
+    from rebalance.core.placement import default_instances
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig
     from rebalance.streaming.processor import state_bytes
 
@@ -114,7 +114,7 @@ def run(name: str, intervals: int, time_limit: float) -> list[dict]:
 
     import numpy as np
 
-    from rebalance.planners import get_planner
+    from rebalance.core.planners import get_planner
 
     make, default, params = workload(name)
     params = replace(params, time_limit=time_limit)

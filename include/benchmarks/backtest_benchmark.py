@@ -6,7 +6,7 @@
 
 Traces (:mod:`traces`, fetched first with ``make traces``): nyc-dest, nyc-tailnum,
 us-origin-hourly (real), synth-drift, synth-seasonal (seed 003's generator). Each is
-replayed by the engine of :mod:`rebalance.backtest` at its own N and theta (traces.py):
+replayed by the engine of :mod:`rebalance.core.backtest` at its own N and theta (traces.py):
 at each step a policy plans on the windows before the step from the assignment it left
 the step before, and the plan is judged on the next window it has not seen.
 
@@ -18,7 +18,7 @@ Policies (planner ``--method``, default mixed, for every policy and baseline):
   ``max`` (over 7), ``seasonal`` (the same slot one period ago, where the trace has a
   period), ``robust`` (seed 001: each of the last 3 windows within the bound);
 * ``headroom``: last-1 planned at theta_plan = theta / 4 (set by hand);
-* ``calibrated``: last-1 at the theta_plan that :func:`rebalance.backtest.calibrate`
+* ``calibrated``: last-1 at the theta_plan that :func:`rebalance.core.backtest.calibrate`
   chooses (target 90 % within) on the first ``--calibration-share`` of the windows; every
   policy and baseline is then judged only on the windows after that prefix, so the
   calibration is out of sample;
@@ -81,7 +81,7 @@ PLOTTED = {"last-1": "tab:red", "stay": "tab:gray", "calibrated": "tab:blue",
 
 def policies(theta: float, period: int | None, method: str, calibrated: float | None):
     """The benchmark's policies (module docstring), named as in the tables."""
-    from rebalance.backtest import Policy
+    from rebalance.core.backtest import Policy
 
     specs = [("last-1", "mean:windows=1", None), ("last-3", "mean:windows=3", None),
              ("last-7", "mean:windows=7", None), ("ewm", "ewm:halflife=2,windows=8", None),
@@ -149,7 +149,7 @@ def judged_from(n_windows: int, period: int | None, calibration_share: float) ->
 def run_trace(name: str, quick: bool, method: str, calibration_share: float, directory: Path,
               log) -> dict:
     """Load, calibrate and backtest one trace; the summary, steps, verdicts and notes."""
-    from rebalance.backtest import Policy, WindowHistory, backtest, calibrate
+    from rebalance.core.backtest import Policy, WindowHistory, backtest, calibrate
 
     trace = trace_lib.TRACES[name]
     t0 = time.perf_counter()
@@ -206,7 +206,7 @@ def issue_check(directory: Path, method: str = "auto") -> list[dict]:
     """Issue 19's measurement again on nyc-dest: plans on the last W = 1, 3, 7 windows,
     chained from the default placement, each judged on the next window, over the first
     ``ISSUE_JUDGED`` judged windows of 2013 (windows W .. W + 29), planner ``method``."""
-    from rebalance.backtest import Policy, WindowHistory, backtest
+    from rebalance.core.backtest import Policy, WindowHistory, backtest
 
     trace = trace_lib.TRACES["nyc-dest"]
     frame = trace_lib.load("nyc-dest", directory)
@@ -235,7 +235,7 @@ def causal_bound(name: str, calibration_share: float, method: str, log) -> list[
     past can know more; and ``truth-now``, the judged window's own distribution (what the
     distribution oracle approximates). Best over the headroom grid; judged on the same
     windows as :func:`run_trace`."""
-    from rebalance.backtest import WindowHistory, backtest, given_forecasts
+    from rebalance.core.backtest import WindowHistory, backtest, given_forecasts
 
     trace = trace_lib.TRACES[name]
     if trace.archive is not None:

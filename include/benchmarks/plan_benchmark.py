@@ -3,12 +3,12 @@
     python include/benchmarks/plan_benchmark.py [--quick] [--only a|b] [--planners mixed,auto]
                                                 [--time-limit S] [--intervals N]
 
-Scenarios (workload: :mod:`rebalance.synthetic`, seed 0):
+Scenarios (workload: :mod:`rebalance.core.synthetic`, seed 0):
 
 * (a) seed 003's defaults: Zipf 0.85, K = 10^4 keys, N = 15 instances, fluctuation f = 1,
   theta = 0.08, A_max = 3000, 50 intervals, and seed 003's state model S(k, w) with
   w = 10 (``SyntheticConfig.state_window = SEED003_STATE_WINDOW``: a key's state is its
-  events over its last 10 intervals, see :mod:`rebalance.synthetic`). A warm-up plan on
+  events over its last 10 intervals, see :mod:`rebalance.core.synthetic`). A warm-up plan on
   interval 0 starts from the default placement (not counted: it is a one-off move away
   from plain hashing); then each interval i = 1..50 is planned from the assignment the
   previous plan left, on interval i's loads and state, and applied.
@@ -58,10 +58,10 @@ import sys
 import time
 from pathlib import Path
 
-from rebalance.methods import METHODS
+from rebalance.core.methods import METHODS
 
-ALL_PLANNERS = METHODS  # every planner of the registry (rebalance.methods: numpy-free)
-W003 = 10  # rebalance.synthetic.SEED003_STATE_WINDOW (not imported: the parent stays numpy-free)
+ALL_PLANNERS = METHODS  # every planner of the registry (rebalance.core.methods: numpy-free)
+W003 = 10  # rebalance.core.synthetic.SEED003_STATE_WINDOW (not imported: the parent stays numpy-free)
 _A = dict(n_keys=10_000, n_instances=15, zipf=0.85, fluctuation=1.0, theta=0.08, max_table=3000,
           intervals=50, quick_intervals=10, state_window=W003)
 SCENARIOS = {
@@ -78,7 +78,7 @@ SCENARIOS = {
 }
 DIAGNOSTIC_PLANNERS = ("mintable", "mixed", "auto")
 B_PLANNERS = ("hash", "greedy", "mintable", "minmig", "mixed", "auto", "auto+split")
-#: Not in the registry: auto with the keys above the bound split (rebalance.planners.split).
+#: Not in the registry: auto with the keys above the bound split (rebalance.core.planners.split).
 SPLIT = "auto+split"
 UNBOUNDED_PLANNERS = ("mixed", "milp", "auto")
 
@@ -91,10 +91,10 @@ def run_worker(scenario: str, planner: str, intervals: int, time_limit: float) -
     """One planner on one scenario, in this process; returns the per-interval figures."""
     import numpy as np
 
-    from rebalance.bounds import migration_lower_bound
-    from rebalance.model import PlanParams, imbalance
-    from rebalance.planners import get_planner
-    from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
+    from rebalance.core.bounds import migration_lower_bound
+    from rebalance.core.model import PlanParams, imbalance
+    from rebalance.core.planners import get_planner
+    from rebalance.core.synthetic import SyntheticConfig, SyntheticWorkload
 
     s = SCENARIOS[scenario]
     w = SyntheticWorkload(SyntheticConfig(n_keys=s["n_keys"], n_instances=s["n_instances"],
@@ -115,7 +115,7 @@ def run_worker(scenario: str, planner: str, intervals: int, time_limit: float) -
             problem = replace(problem, load_series=ls)
         t0 = time.perf_counter()
         if planner == SPLIT:
-            from rebalance.planners.split import plan_split
+            from rebalance.core.planners.split import plan_split
 
             plan = plan_split(problem, params, base="auto")
         else:

@@ -107,7 +107,7 @@ def _parts(since: dict[str, float]) -> dict[str, float | None]:
 def run_one_k(n_keys: int, restarts: int, seed: int, master: str, work: Path,
               full_restart: bool = False) -> list[dict]:
     """All restarts of one K, in this process (a fresh Spark session)."""
-    from rebalance.placement import default_instances
+    from rebalance.core.placement import default_instances
     from rebalance.spark import tables
     from rebalance.spark.session import get_spark
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches

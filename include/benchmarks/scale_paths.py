@@ -6,11 +6,11 @@
 * ``dag``: the DAG's plan path, :func:`rebalance.control.inputs.load_problem` on a
   ``key_histograms`` Delta table of K keys in one window with a routing table of 1 % of
   the keys (real local Spark and Delta, in a temporary data folder): Spark's group-by
-  and ``toPandas``, then :func:`rebalance.histograms.build_problem` on that pandas
+  and ``toPandas``, then :func:`rebalance.core.histograms.build_problem` on that pandas
   frame. Both parts are timed; the Spark session is started (and the table written)
   before timing.
 * ``replay``: ``rebalance bench --experiment replay``'s input, K keys in two windows of
-  Parquet: :func:`rebalance.histogram_files.read_histogram_table` and
+  Parquet: :func:`rebalance.core.histogram_files.read_histogram_table` and
   :func:`~rebalance.evaluation.workloads.histogram_trace`.
 
 Run it once with the code to measure on the Python path (e.g. a ``git archive`` of an
@@ -61,8 +61,8 @@ def replay_input(workdir: Path, n_keys: int) -> Path:
 
 
 def time_replay(path: Path, n_instances: int = 64) -> dict:
+    from rebalance.core.histogram_files import read_histogram_table
     from rebalance.evaluation.workloads import histogram_trace
-    from rebalance.histogram_files import read_histogram_table
 
     t0 = time.perf_counter()
     frame = read_histogram_table(str(path))
@@ -76,8 +76,8 @@ def time_dag(workdir: Path, n_keys: int, runs: int, n_instances: int = 64) -> li
     """load_problem on a key_histograms Delta table; Spark started before timing."""
     import pyarrow.parquet as pq
 
-    from rebalance import histograms
     from rebalance.control import inputs as control_inputs
+    from rebalance.core import histograms
     from rebalance.spark import tables
     from rebalance.spark.session import get_spark
 

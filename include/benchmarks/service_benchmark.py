@@ -20,7 +20,7 @@ import datetime as dt
 import statistics
 import sys
 
-from rebalance.airflow_client import AirflowClient
+from rebalance.ops.airflow_client import AirflowClient
 
 TASKS = ("windows", "detect", "plan", "validate", "publish")
 
@@ -50,7 +50,7 @@ def trigger_and_wait(client: AirflowClient, dag_id: str, conf: dict, timeout: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rebalance.service import Service
+    from rebalance.ops.service import Service
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=6)

@@ -10,7 +10,7 @@
    excluded), median over the repeats. Target ratio >= 0.85.
 2. Balance: on Zipf 1.0 with simulated per-event work (task time follows load),
    the job runs once under hash routing, a routing table is planned from that
-   run's key histograms (``rebalance.planners`` "mixed"; LPT of the hot keys if
+   run's key histograms (``rebalance.core.planners`` "mixed"; LPT of the hot keys if
    the planner is unavailable), published, and the job runs again on the same
    events. Per window (= micro-batch) it reports max/mean of the operator's
    task time across instances. Targets: <= 1.15 balanced, >= 2 under hash.
@@ -102,15 +102,15 @@ def throughput(spark, work: Path, args) -> dict:
 
 def plan_routing(spark, root: str, n_instances: int, theta: float) -> tuple[dict[str, int], str]:
     """Routing table from the hash run's key histograms: seed 003 Mixed on the problem every
-    plan uses (:func:`rebalance.histograms.build_problem`: load = cost per window, the mean
+    plan uses (:func:`rebalance.core.histograms.build_problem`: load = cost per window, the mean
     over the run's windows; state = bytes at the close of the key's latest window). The
     benchmark once summed the windows' costs: a constant factor on every key (absent =
     0 in both), so the plan under a relative bound theta is the same."""
     from pyspark.sql import functions as F
 
-    from rebalance.histograms import build_problem
-    from rebalance.model import PlanParams
-    from rebalance.planners import get_planner
+    from rebalance.core.histograms import build_problem
+    from rebalance.core.model import PlanParams
+    from rebalance.core.planners import get_planner
     from rebalance.spark import tables
 
     rows = (tables.read(spark, tables.KEY_HISTOGRAMS, root).groupBy("window_start", "key")
@@ -121,7 +121,7 @@ def plan_routing(spark, root: str, n_instances: int, theta: float) -> tuple[dict
     assignment = get_planner("mixed").plan(problem, PlanParams(theta=theta)).assignment
     routing = {str(k): int(a) for k, a, d in zip(problem.keys, assignment, problem.default)
                if a != d}
-    return routing, "mixed (rebalance.planners)"
+    return routing, "mixed (rebalance.core.planners)"
 
 
 def window_imbalance(spark, root: str, skip_first: int = 1) -> dict:
@@ -144,7 +144,7 @@ def window_imbalance(spark, root: str, skip_first: int = 1) -> dict:
 
 
 def balance(spark, work: Path, args) -> dict:
-    from rebalance.placement import default_instances
+    from rebalance.core.placement import default_instances
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
     from rebalance.streaming.job import JobConfig

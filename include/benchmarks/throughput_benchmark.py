@@ -10,14 +10,14 @@ time follows its load) is generated once into a Delta table.
 **The key set is adversarial for hash, on purpose.** Zipf 1.0 over random key names
 rarely gives hash a max/mean load of 1.8 at N = 2 (about 1.4 for 200 keys), so the key
 names are chosen, deterministically, with the job's own routing function
-(:func:`rebalance.placement.default_instances`, what ``routing.py`` computes in Spark):
+(:func:`rebalance.core.placement.default_instances`, what ``routing.py`` computes in Spark):
 hash places the hottest keys on instance 0 until it carries ``--hot-share`` of the load
 (default 0.92: model max/mean 1.84 at N = 2, 3.68 at N = 4), the other keys spread over
 the other instances. A realistic case: tenants whose ids happen to collide in the hash
 (``tenant-<n>`` names, the first free ones for the wanted instance). The Zipf weights
 and the events are the generator's; only the names differ. For each N in ``--instances``
 the keyed job runs on the cluster (a master and two workers of one core each, started by
-:mod:`rebalance.cluster` unless ``--master`` is given) over that backlog, one generator
+:mod:`rebalance.ops.cluster` unless ``--master`` is given) over that backlog, one generator
 batch per micro-batch (saturation: every micro-batch has a full batch waiting):
 
 1. under hash placement (no routing table), then
@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def measure(spark, work: Path, source: Path, n: int, args) -> dict:
-    from rebalance.placement import default_instances
+    from rebalance.core.placement import default_instances
     from rebalance.spark import tables
     from rebalance.streaming.job import JobConfig
 
@@ -109,11 +109,11 @@ def measure(spark, work: Path, source: Path, n: int, args) -> dict:
 
 def colliding_names(freq: np.ndarray, n: int, hot_share: float,
                     prefix: str = "tenant-") -> np.ndarray:
-    """Key names such that hash (:func:`rebalance.placement.default_instances`) puts the
+    """Key names such that hash (:func:`rebalance.core.placement.default_instances`) puts the
     hottest keys on instance 0 until it holds ``hot_share`` of ``freq``; the other keys
     go round-robin to instances 1..n-1. Each name is the first unused ``<prefix><j>``
     whose default instance is the wanted one (deterministic)."""
-    from rebalance.placement import default_instances
+    from rebalance.core.placement import default_instances
 
     want = np.zeros(len(freq), dtype=int)
     held = 0.0
@@ -150,7 +150,7 @@ def _gen_config(args, n: int):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from rebalance.cluster import Cluster, ClusterSettings
+    from rebalance.ops.cluster import Cluster, ClusterSettings
     from rebalance.spark.session import get_spark
     from rebalance.streaming.generator import append_batches
 

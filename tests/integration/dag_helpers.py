@@ -54,7 +54,7 @@ def data(spark, tmp_path, monkeypatch):
 
 
 def placement():
-    from rebalance.placement import default_instances, key_groups
+    from rebalance.core.placement import default_instances, key_groups
 
     return default_instances(KEYS, N), key_groups(KEYS)
 
@@ -71,7 +71,7 @@ def traffic(skewed: bool) -> dict[str, int]:
 
 def write_windows(spark, starts, counts, version=0, routing=None):
     """Histogram rows of closed windows, appended as the streaming job appends them."""
-    from rebalance.records import as_utc
+    from rebalance.core.records import as_utc
     from rebalance.spark import tables
 
     default, group = placement()

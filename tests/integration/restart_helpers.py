@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rebalance.placement import default_instances
+from rebalance.core.placement import default_instances
 
 
 def instances(keys: Iterable[str], routing: dict[str, int], n: int) -> np.ndarray:

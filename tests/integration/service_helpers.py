@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from rebalance.service import Service
+from rebalance.ops.service import Service
 
 
 def free_port() -> int:
@@ -51,9 +51,9 @@ def port_taken(port: int) -> bool:
 
 @contextlib.contextmanager
 def running_broker(folder: Path):
-    """A single-node Kafka broker (``rebalance.kafka.Broker``) on a free port and the one
+    """A single-node Kafka broker (``rebalance.ops.kafka.Broker``) on a free port and the one
     after it (its controller), in ``folder``; stopped at the end, both ports checked closed."""
-    from rebalance.kafka import Broker, BrokerSettings
+    from rebalance.ops.kafka import Broker, BrokerSettings
 
     port = free_port()
     while port_taken(port + 1):
@@ -363,7 +363,7 @@ def stack_settings(root: Path):
     job reads restart requests every 2 s [10]; a run waits 20 s [90] for its interval's
     last windows, its waits look again every 1.25 s [5], a failed task is retried after
     5 s [30]. Temporary Airflow home and data folder, free loopback ports."""
-    from rebalance.service import Settings
+    from rebalance.ops.service import Settings
 
     return Settings(data=root / "data", airflow_home=root / "airflow",
                     api_port=free_port(), connect_port=free_port(), schedule=SCHEDULE,
@@ -374,7 +374,7 @@ def stack_settings(root: Path):
 
 
 class ServiceStack(Service):
-    """``rebalance.service.Service`` on :func:`stack_settings`, with what the tests need
+    """``rebalance.ops.service.Service`` on :func:`stack_settings`, with what the tests need
     to put it in a known state: the schedule, no run in flight, the default placement."""
 
     def __init__(self, root: Path) -> None:
@@ -398,7 +398,7 @@ class ServiceStack(Service):
 
     def stop(self) -> None:
         """``down``; then no process of the service may be left, nor any record."""
-        from rebalance.service import alive
+        from rebalance.ops.service import alive
 
         records = self.records()
         self.down()
@@ -409,7 +409,7 @@ class ServiceStack(Service):
 
     def client(self):
         """Airflow's REST API as the admin user (one token for the session)."""
-        from rebalance.airflow_client import AirflowClient
+        from rebalance.ops.airflow_client import AirflowClient
 
         if self._client is None:
             self._client = AirflowClient(self.s.api_url, *self.login())
@@ -487,7 +487,7 @@ class ServiceStack(Service):
         on the default placement is what makes the DAG plan without ``force``. Returns the
         wall-clock time once the rollback is live (a plan that went live then: the trigger
         rules' cooldown counts from it), None when nothing had to be done."""
-        from rebalance.service import base_env, job_name
+        from rebalance.ops.service import base_env, job_name
 
         if self.live_routing_keys() == 0:
             return None

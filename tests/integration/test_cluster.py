@@ -1,7 +1,7 @@
 """The keyed job, a controlled restart and the DAG's Spark work on a real local Spark
 standalone cluster (a master and two workers of one core).
 
-The module starts the cluster (``rebalance.cluster.Cluster``) once, on free ports of
+The module starts the cluster (``rebalance.ops.cluster.Cluster``) once, on free ports of
 127.0.0.1 in a temporary folder, and stops it at the end (and checks nothing of it is
 left and its ports are closed). On it:
 
@@ -73,7 +73,7 @@ def _spark_submit(master: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from rebalance.cluster import Cluster, ClusterSettings
+    from rebalance.ops.cluster import Cluster, ClusterSettings
 
     c = Cluster(ClusterSettings(dir=tmp_path_factory.mktemp("cluster"), port=free_port(),
                                 memory="1500m"), out=lambda _: None)
@@ -82,7 +82,7 @@ def cluster(tmp_path_factory):
     try:
         yield c
     finally:
-        from rebalance.service import alive
+        from rebalance.ops.service import alive
 
         records = c.service.records()
         c.down()
@@ -177,7 +177,7 @@ def _wait(predicate, what: str, proc: Proc, timeout: float = TIMEOUT):
 
 
 def test_controlled_restart_on_the_cluster_keeps_the_state(spark, cluster, tmp_path):
-    from rebalance.placement import default_instances
+    from rebalance.core.placement import default_instances
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
     from rebalance.streaming.restart_control import RestartControl, request_restart

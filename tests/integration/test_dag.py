@@ -153,7 +153,7 @@ def test_rerunning_the_run_gives_the_same_plan_and_no_new_delta_version(dag, ske
 
 
 def test_corrupted_plan_is_rejected_and_never_applied(dag, data, spark, monkeypatch):
-    import rebalance.planners as planners
+    import rebalance.core.planners as planners
     from rebalance.spark.plan_store import PlanStore
 
     real = planners.get_planner
@@ -268,7 +268,7 @@ def test_history_and_rollback_through_the_validated_path(skewed_run, spark, caps
     is stored, validated, published and applied as a new version with v0's routing."""
     import argparse
 
-    from rebalance import audit
+    from rebalance.cli import audit
     from rebalance.spark import tables
     from rebalance.spark.plan_store import PlanStore
 

@@ -101,8 +101,8 @@ def _figures(reason: str) -> tuple[float, float]:
 
 
 def test_a_plan_that_holds_is_applied_and_verified_against_the_bound(dag, data, spark):
-    from rebalance import views
     from rebalance.spark.plan_store import PlanStore
+    from rebalance.ui import views
 
     di = seed_interval(spark, dag, LIVE, traffic(skewed=True))
     with JobStandIn(spark, di.end, traffic(skewed=True)):

@@ -1,7 +1,7 @@
 """Issue 14, part 2: faults injected into the running keyed job; nothing lost or doubled.
 
 The processes are the service's own: the keyed job is ``spark_apps/restartable_job.py``
-started with the argv and environment ``rebalance.service`` gives it (``make up``'s
+started with the argv and environment ``rebalance.ops.service`` gives it (``make up``'s
 ``job`` component), on a data folder of the test. The events are the live generator's
 batches (:class:`rebalance.streaming.generator.EventGenerator`, the same pure function of
 its options), appended to the ``events`` Delta table one commit per batch by a small Delta
@@ -77,7 +77,7 @@ class Stack:
     """The job's process, its data folder and the events sent so far."""
 
     def __init__(self, root: Path) -> None:
-        from rebalance.service import Settings, components
+        from rebalance.ops.service import Settings, components
         from rebalance.streaming.generator import GeneratorConfig
 
         self.root = root

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_delta_round_trip_with_commit_metadata(spark, tmp_path):
-    from rebalance.healthcheck import delta_round_trip
+    from rebalance.control.healthcheck import delta_round_trip
 
     result = delta_round_trip(tmp_path / "table", spark=spark)
     assert result.rows == 20

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def _windows_with_state(spark, starts, counts):
     """Histogram rows whose state follows the load (100 bytes per event): a plan that
     evens the skew out moves far more than ``restart_above`` (5 %) of the state."""
-    from rebalance.records import as_utc
+    from rebalance.core.records import as_utc
     from rebalance.spark import tables
 
     default, group = placement()

@@ -1,7 +1,7 @@
 """The keyed job reading a real Kafka broker: exactly once across kill -9, dedup of retries.
 
 The broker is the test session's single-node KRaft broker (``kafka_broker`` in
-tests/conftest.py: ``rebalance.kafka.Broker``, the JARs ``make setup`` put in
+tests/conftest.py: ``rebalance.ops.kafka.Broker``, the JARs ``make setup`` put in
 ``.jars/kafka-broker``, on free ports of 127.0.0.1, stopped at the end); this module's
 topic is its own.
 

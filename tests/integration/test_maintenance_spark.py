@@ -43,7 +43,7 @@ def as_rows(df):
 def store(spark, tmp_path_factory):
     """A data root with key_histograms written in a dozen files, and one stored plan whose
     input windows and version are pinned as the rebalance DAG pins them."""
-    from rebalance.records import PlanRecord
+    from rebalance.core.records import PlanRecord
     from rebalance.spark import tables
     from rebalance.spark.plan_store import PLANS
 
@@ -92,7 +92,7 @@ class Appender(threading.Thread):
 
 
 def test_maintenance_keeps_plan_windows_and_every_row_while_the_job_appends(spark, store):
-    from rebalance.records import as_utc
+    from rebalance.core.records import as_utc
     from rebalance.spark import maintenance as m
 
     path = store["path"]

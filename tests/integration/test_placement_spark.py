@@ -1,6 +1,6 @@
 """The default placement computed in numpy equals Spark's own ``hash()`` on the same keys.
 
-:func:`rebalance.placement.spark_hash_strings` reimplements Spark SQL's ``hash`` (Murmur3
+:func:`rebalance.core.placement.spark_hash_strings` reimplements Spark SQL's ``hash`` (Murmur3
 x86_32, seed 42, over the UTF-8 bytes) so that ``rebalance plan`` knows where the job
 routes a key without starting Spark. The streaming tests compare the job's
 ``default_instance`` with it on short ASCII keys; this test asks Spark directly, on keys
@@ -17,7 +17,7 @@ import random
 import numpy as np
 import pytest
 
-from rebalance.placement import (
+from rebalance.core.placement import (
     DEFAULT_KEY_GROUPS,
     default_instances,
     group_instances,

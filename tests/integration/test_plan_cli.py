@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rebalance import cli
-from rebalance.histograms import problem_from_histograms
+from rebalance.core.histograms import problem_from_histograms
 
 pytestmark = pytest.mark.slow
 

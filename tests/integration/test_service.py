@@ -1,7 +1,7 @@
 """The service as its users run it: ``make up``'s processes, the real scheduler, the UI.
 
 The session's service stack (:func:`service_helpers.service`, shared with
-``test_service_faults.py``): ``rebalance.service.Service``, exactly what ``make up``
+``test_service_faults.py``): ``rebalance.ops.service.Service``, exactly what ``make up``
 starts (Spark Connect, Airflow's api-server, scheduler, dag-processor and triggerer on
 LocalExecutor/SQLite, the keyed job and the live generator) on a temporary Airflow home,
 data folder and free ports, with test-sized time constants (5-s windows, a 30-s schedule).
@@ -39,7 +39,7 @@ import pytest
 from service_helpers import quiet, scheduled, service  # noqa: F401 - fixtures
 from ui_flows import CHROMIUM_ARGS, UI, chromium_path
 
-from rebalance.airflow_client import AirflowClient
+from rebalance.ops.airflow_client import AirflowClient
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +134,7 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
     flag; ``make up`` afterwards must unpause it, or nothing is ever scheduled. Here the
     DAG is paused, then ``up`` runs again over the running stack (every component is
     already up, as after ``make demo && make up``) and unpauses it."""
-    from rebalance.health import service_lines
+    from rebalance.ops.health import service_lines
 
     path = "/api/v2/dags/rebalance"
     # a window the job wrote (a fresh stack has none for its first seconds)
@@ -160,7 +160,7 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
 
 
 def test_every_process_of_the_service_listens_on_loopback_only(service):
-    from rebalance.processes import descendants as _children
+    from rebalance.ops.processes import descendants as _children
 
     pids = set()
     for rec in service.records().values():
@@ -196,7 +196,7 @@ def test_the_scheduler_applies_and_verifies_a_plan_on_its_own(scheduled, api):
     assert plan["assignment_version"] is not None and plan["moved_keys"] > 0
     assert plan["realised_imbalance"] < plan["imbalance_before"]
     # `make status`: the newest run, its state, and what it did or why it skipped
-    from rebalance.health import service_lines
+    from rebalance.ops.health import service_lines
 
     health = dict(service_lines(scheduled, scheduled.status(), "rebalance"))
     print("make status, health strip:", health, flush=True)

@@ -49,7 +49,7 @@ from service_helpers import (  # noqa: F401 - quiet and service are fixtures
     service,
 )
 
-from rebalance.airflow_client import AirflowClient, AirflowError
+from rebalance.ops.airflow_client import AirflowClient, AirflowError
 
 pytestmark = pytest.mark.slow
 
@@ -288,8 +288,8 @@ def test_kill9_of_the_publish_task_process_then_the_retry_publishes_the_same_pla
 
 
 def _kill_tree(rec) -> list[int]:
-    from rebalance.processes import descendants as _children
-    from rebalance.processes import group_members as _group_members
+    from rebalance.ops.processes import descendants as _children
+    from rebalance.ops.processes import group_members as _group_members
 
     pids = list(dict.fromkeys([rec.pid, *_children(rec.pid), *_group_members(rec.pid)]))
     for pid in pids:
@@ -301,7 +301,7 @@ def _kill_tree(rec) -> list[int]:
 
 
 def test_the_scheduler_killed_mid_run_and_restarted_the_run_completes_once(quiet, api):
-    from rebalance.service import alive
+    from rebalance.ops.service import alive
 
     service = quiet
     start, end = _forced_interval(service)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rebalance.placement import default_instances
+from rebalance.core.placement import default_instances
 
 N = 3          # instances; differs from the session's 4 shuffle partitions on purpose
 W_MS = 10_000  # window = one generator batch of event time

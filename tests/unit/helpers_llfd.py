@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rebalance.model import Problem
+from rebalance.core.model import Problem
 
 D1, D2 = 0, 1
 

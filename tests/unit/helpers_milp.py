@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from rebalance.model import Problem
+from rebalance.core.model import Problem
 
 
 def make_problem(load, state, current, n_instances, drain=(), load_series=None,

@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
-from rebalance.bounds import knapsack_covers, min_knapsack_cover
-from rebalance.model import PlanParams, Problem
-from rebalance.planners import get_planner
-from rebalance.planners.auto import POLISH_SECONDS, cover_plan
+from rebalance.core.bounds import knapsack_covers, min_knapsack_cover
+from rebalance.core.model import PlanParams, Problem
+from rebalance.core.planners import get_planner
+from rebalance.core.planners.auto import POLISH_SECONDS, cover_plan
 
 
 def _problem(load, current, default=None, state=None, n=3, drain=()):
@@ -94,8 +94,8 @@ def test_auto_stops_at_once_when_a_key_alone_sets_the_imbalance():
 
 
 def test_auto_polish_budget_is_far_below_the_time_limit(monkeypatch):
-    from rebalance.planners import auto as auto_module
-    from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
+    from rebalance.core.planners import auto as auto_module
+    from rebalance.core.synthetic import SyntheticConfig, SyntheticWorkload
 
     # The MILP polish is given at most POLISH_SECONDS of solver time, never the 30 s
     # limit. (How long the whole planner takes is a benchmark figure.)
@@ -120,8 +120,8 @@ def test_auto_polish_budget_is_far_below_the_time_limit(monkeypatch):
 
 
 def test_auto_skips_the_cover_plan_when_too_many_keys_sit_on_overloaded_instances(monkeypatch):
-    from rebalance.planners import auto as auto_module
-    from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
+    from rebalance.core.planners import auto as auto_module
+    from rebalance.core.synthetic import SyntheticConfig, SyntheticWorkload
 
     monkeypatch.setattr(auto_module, "COVER_PLAN_MAX_KEYS", 10)
     problem = SyntheticWorkload(SyntheticConfig(n_keys=1500, n_instances=8)).problem(1)

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rebalance.backtest import (
+from rebalance.core.backtest import (
     BacktestError,
     Policy,
     WindowHistory,
@@ -17,7 +17,7 @@ from rebalance.backtest import (
     holds,
     window_imbalance,
 )
-from rebalance.forecast import LoadModel
+from rebalance.core.forecast import LoadModel
 
 KEYS = np.array(["a", "b", "c", "d"], dtype=object)
 DEFAULT = np.array([0, 0, 1, 1])     # {a, b} on instance 0, {c, d} on instance 1
@@ -273,7 +273,7 @@ def test_auto_policy_in_the_backtest_never_loses_to_staying_when_plans_do_not_ho
 
 
 def test_given_forecasts_plan_on_what_they_are_given_and_are_judged_on_the_stored_windows():
-    from rebalance.backtest import given_forecasts
+    from rebalance.core.backtest import given_forecasts
 
     h = _history(SKEW)
     # given the judged window's own loads, every plan holds (the per-window oracle)

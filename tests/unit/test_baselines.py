@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rebalance.model import PlanParams, Problem
-from rebalance.planners import get_planner
+from rebalance.core.model import PlanParams, Problem
+from rebalance.core.planners import get_planner
 
 PARAMS = PlanParams(theta=0.1)
 

@@ -7,8 +7,8 @@ import warnings
 import numpy as np
 import pytest
 
-from rebalance.bounds import cover_lower_bound, migration_lower_bound
-from rebalance.model import Problem
+from rebalance.core.bounds import cover_lower_bound, migration_lower_bound
+from rebalance.core.model import Problem
 
 
 def _reference_bound(problem: Problem, max_load: float) -> float:
@@ -144,9 +144,9 @@ def test_table_bound_charges_the_table_keys_that_must_go_home():
 def test_finish_plan_skips_the_table_search_only_when_it_cannot_bind(seed):
     """``finish_plan`` reports the table-aware bound; its shortcut (the plain bound when
     the plain LP solution already fits the table) gives the same value as the search."""
-    from rebalance.bounds import table_cannot_bind
-    from rebalance.model import PlanParams
-    from rebalance.planners import get_planner
+    from rebalance.core.bounds import table_cannot_bind
+    from rebalance.core.model import PlanParams
+    from rebalance.core.planners import get_planner
 
     rng = np.random.default_rng(2000 + seed)
     n, k = int(rng.integers(2, 6)), int(rng.integers(5, 60))
@@ -176,8 +176,8 @@ def test_finish_plan_skips_the_table_search_only_when_it_cannot_bind(seed):
 def test_plans_report_the_table_aware_bound():
     # test_table_bound_charges_the_table_keys_that_must_go_home's problem: the plain bound
     # is 0.5, the table-aware one 5.5 with A_max = 1.
-    from rebalance.model import PlanParams
-    from rebalance.planners import get_planner
+    from rebalance.core.model import PlanParams
+    from rebalance.core.planners import get_planner
 
     problem = Problem(keys=np.array(["a", "b", "c"], dtype=object),
                       load=np.array([4.0, 4.0, 1.0]), state=np.array([1.0, 1.0, 10.0]),
@@ -232,8 +232,8 @@ def test_cover_bound_counts_whole_keys():
 
 
 def test_auto_and_milp_report_the_cover_bound_cheap_planners_do_not():
-    from rebalance.model import PlanParams
-    from rebalance.planners import get_planner
+    from rebalance.core.model import PlanParams
+    from rebalance.core.planners import get_planner
 
     problem = Problem(keys=np.array(["a", "b", "c", "d"], dtype=object),
                       load=np.array([2.0, 2.0, 10.0, 0.0]), state=np.array([2.0, 2.0, 12.0, 1.0]),

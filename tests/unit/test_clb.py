@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from helpers_milp import make_problem
 
-from rebalance.model import PlanningError, PlanParams
-from rebalance.planners import get_planner
-from rebalance.planners.clb import (
+from rebalance.core.model import PlanningError, PlanParams
+from rebalance.core.planners import get_planner
+from rebalance.core.planners.clb import (
     correlation,
     correlation_split,
     map_sets_to_instances,
     min_cost_assignment,
 )
-from rebalance.planners.elb import KeyGroups
+from rebalance.core.planners.elb import KeyGroups
 
 
 def plan(problem, theta=0.1, **options):

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rebalance import cli
-from rebalance.placement import default_instances
+from rebalance.core.placement import default_instances
 
 T0 = pd.Timestamp("2024-01-01T00:00:00Z")
 METRICS = ("imbalance_before", "imbalance_after", "migration_fraction", "migration_bytes",

@@ -17,13 +17,14 @@ import importlib, importlib.util, json, sys
 for name in ("rebalance", "rebalance_rollback"):
     spec = importlib.util.spec_from_file_location(name + "_dag", {dags!r} + "/" + name + ".py")
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
-for name in ("rebalance.model", "rebalance.bounds", "rebalance.placement", "rebalance.histograms",
-             "rebalance.validation", "rebalance.trigger", "rebalance.planners",
-             "rebalance.records", "rebalance.control.params", "rebalance.control.inputs",
+for name in ("rebalance.core.model", "rebalance.core.bounds", "rebalance.core.placement",
+             "rebalance.core.histograms",
+             "rebalance.control.validation", "rebalance.core.trigger", "rebalance.core.planners",
+             "rebalance.core.records", "rebalance.control.params", "rebalance.control.inputs",
              "rebalance.control.tasks", "rebalance.control.rollout", "rebalance.control.rollback",
-             "rebalance.methods", "rebalance.apply_cli", "rebalance.cli"):
+             "rebalance.core.methods", "rebalance.cli.apply", "rebalance.cli"):
     importlib.import_module(name)
-from rebalance.planners import METHODS, get_planner
+from rebalance.core.planners import METHODS, get_planner
 for method in METHODS:
     get_planner(method)
 print(json.dumps(sorted(m for m in sys.modules if m == "pyspark" or m.startswith("pyspark."))))
@@ -71,7 +72,7 @@ def test_run_params_are_canonical_and_checked_once():
 def test_a_plan_record_round_trips_through_its_row():
     import datetime as dt
 
-    from rebalance.records import PlanRecord, PlanStatus, as_utc, to_json
+    from rebalance.core.records import PlanRecord, PlanStatus, as_utc, to_json
 
     t = dt.datetime(2026, 1, 1, 0, 10, tzinfo=dt.timezone.utc)
     record = PlanRecord(plan_id="p", status=PlanStatus.PROPOSED.value, method="mixed",

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rebalance.backtest import WindowHistory
 from rebalance.control import decide
 from rebalance.control.params import RunParams
-from rebalance.histograms import build_problem
-from rebalance.placement import default_instances
+from rebalance.core.backtest import WindowHistory
+from rebalance.core.histograms import build_problem
+from rebalance.core.placement import default_instances
 
 N = 4
 KEYS = [f"user-{i:04d}" for i in range(200)]
@@ -180,7 +180,7 @@ def test_the_forecast_problem_covers_every_key_of_the_run():
     frame = rows(windows)
     routing = pd.DataFrame({"key": ["only-routed"], "instance": [2]})  # a key without events
     problem, _ = build_problem(frame, N, routing, windows=3)
-    from rebalance.forecast import LoadModel
+    from rebalance.core.forecast import LoadModel
 
     mean = decide.forecast_problem(problem, h, LoadModel("mean"))
     assert mean.n_keys == len(KEYS) + 1 and mean.scenarios is None

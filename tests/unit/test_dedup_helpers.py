@@ -7,7 +7,7 @@ import argparse
 
 import pandas as pd
 
-from rebalance.placement import default_instances
+from rebalance.core.placement import default_instances
 from rebalance.spark.tables import INSTANCE_HISTOGRAMS
 from rebalance.streaming import restart
 from rebalance.streaming.apps import add_job_options, add_spark_options, job_config_from_args

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from helpers_milp import make_problem, zipf_problem
 
-from rebalance.model import PlanParams
-from rebalance.placement import key_groups
-from rebalance.planners import get_planner
-from rebalance.planners.elb import KeyGroups, balance
+from rebalance.core.model import PlanParams
+from rebalance.core.placement import key_groups
+from rebalance.core.planners import get_planner
+from rebalance.core.planners.elb import KeyGroups, balance
 
 
 def plan(problem, theta=0.5):

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 
 from rebalance.cli import main
+from rebalance.core.model import PlanningError, PlanParams, Problem, evaluate
 from rebalance.evaluation.experiments import Settings, build, run, summarise
 from rebalance.evaluation.flux import FluxPlanner
 from rebalance.evaluation.runner import PlannerSpec, interval_problem, parse_planners, replay
 from rebalance.evaluation.workloads import histogram_trace, perturbation_trace, substream_trace, zipf_trace
-from rebalance.model import PlanningError, PlanParams, Problem, evaluate
 
 # ------------------------------------------------------------------ workloads
 
@@ -62,14 +62,14 @@ def test_histogram_trace_from_parquet(tmp_path):
     frame = pd.DataFrame(rows)
     path = tmp_path / "hist.parquet"
     frame.to_parquet(path)
-    from rebalance.histogram_files import read_histogram_table
+    from rebalance.core.histogram_files import read_histogram_table
     tr = histogram_trace(read_histogram_table(str(path)), 4)
     assert tr.load.shape == (3, 20) and tr.state_is_snapshot
     i = list(tr.keys).index("k19")
     assert tr.load[0, i] == 0 and tr.load[2, i] == 10 + 19 * 3
     assert tr.state[1, i] == 2000
     # the planned problem of interval 1 is exactly the histogram problem of window 0
-    from rebalance.histograms import problem_from_histograms
+    from rebalance.core.histograms import problem_from_histograms
     ref = problem_from_histograms(frame[frame["window_start"] == frame["window_start"].min()], 4)
     problem, _ = interval_problem(tr, 1, tr.initial.copy())
     assert list(problem.keys) == list(ref.keys)

@@ -1,4 +1,4 @@
-"""Load models of rebalance.forecast: exact values on small arrays, parsing, refusals."""
+"""Load models of rebalance.core.forecast: exact values on small arrays, parsing, refusals."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from rebalance.forecast import LOAD_MODELS, LoadModel, LoadModelError, forecast, scenarios
+from rebalance.core.forecast import LOAD_MODELS, LoadModel, LoadModelError, forecast, scenarios
 
 # 3 windows x 3 keys, oldest first
 S = np.array([[1.0, 2.0, 3.0],
@@ -103,7 +103,7 @@ def test_forecast_lies_between_min_and_max_of_the_windows(series, text):
 
 
 def test_detect_period_finds_the_cycle_and_not_its_multiples():
-    from rebalance.forecast import detect_period
+    from rebalance.core.forecast import detect_period
 
     rng = np.random.default_rng(3)
     slots = rng.uniform(0, 10, (5, 40))  # 5 different key mixes, repeated
@@ -114,7 +114,7 @@ def test_detect_period_finds_the_cycle_and_not_its_multiples():
 
 
 def test_detect_period_none_without_a_cycle():
-    from rebalance.forecast import detect_period
+    from rebalance.core.forecast import detect_period
 
     rng = np.random.default_rng(4)
     assert detect_period(np.ones((30, 8))) is None  # every lag alike: no cycle

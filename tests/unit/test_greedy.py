@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rebalance.model import PlanParams, Problem
-from rebalance.planners import get_planner
-from rebalance.trigger import mldc
+from rebalance.core.model import PlanParams, Problem
+from rebalance.core.planners import get_planner
+from rebalance.core.trigger import mldc
 
 
 def worked_example() -> Problem:

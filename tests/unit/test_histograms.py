@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rebalance.histogram_files import InputError, read_assignment, read_histograms
-from rebalance.histograms import build_problem, problem_from_histograms
-from rebalance.model import PlanningError
-from rebalance.placement import default_instances
+from rebalance.core.histogram_files import InputError, read_assignment, read_histograms
+from rebalance.core.histograms import build_problem, problem_from_histograms
+from rebalance.core.model import PlanningError
+from rebalance.core.placement import default_instances
 
 T0 = pd.Timestamp("2024-01-01T00:00:00Z")
 
@@ -146,10 +146,10 @@ import pyarrow as pa  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from rebalance.histogram_files import read_histogram_table  # noqa: E402
-from rebalance.histograms import MAX_TOTAL, window_matrices  # noqa: E402
-from rebalance.key_order import sorted_keys, string_order  # noqa: E402
-from rebalance.model import MAX_INSTANCES  # noqa: E402
+from rebalance.core.histogram_files import read_histogram_table  # noqa: E402
+from rebalance.core.histograms import MAX_TOTAL, window_matrices  # noqa: E402
+from rebalance.core.key_order import sorted_keys, string_order  # noqa: E402
+from rebalance.core.model import MAX_INSTANCES  # noqa: E402
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
 

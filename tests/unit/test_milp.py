@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from helpers_milp import brute_force, make_problem, overload, zipf_problem
 
-from rebalance.model import PlanningError, PlanParams
-from rebalance.planners import get_planner, milp
-from rebalance.planners.milp import setting as milp_setting
+from rebalance.core.model import PlanningError, PlanParams
+from rebalance.core.planners import get_planner, milp
+from rebalance.core.planners.milp import setting as milp_setting
 
 
 def plan(problem, **params):
@@ -154,7 +154,7 @@ def test_reduced_model_moves_light_keys_and_meets_the_bound():
 def test_time_limit_is_respected(monkeypatch):
     # HiGHS is given what is left of the time limit (never more), and what it found by
     # then is a plan. (How long the whole planner takes is a benchmark figure.)
-    from rebalance.planners.milp import solve
+    from rebalance.core.planners.milp import solve
 
     limits = []
     original = solve._HighsWithStart.callSolver
@@ -187,7 +187,7 @@ def test_no_load_keeps_the_current_assignment():
 
 def table_problem(seed: int):
     """Seven keys on 3 instances, some now off their default instance (a routing table)."""
-    from rebalance.model import Problem
+    from rebalance.core.model import Problem
 
     rng = np.random.default_rng(100 + seed)
     n, k = 3, 7
@@ -231,7 +231,7 @@ def test_table_bound_gives_the_brute_force_optimum(seed, max_table):
 
 
 def test_reduced_model_honours_the_table_bound_and_sends_light_table_keys_home():
-    from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
+    from rebalance.core.synthetic import SyntheticConfig, SyntheticWorkload
 
     w = SyntheticWorkload(SyntheticConfig(n_keys=4000, n_instances=8, fluctuation=1.0))
     free = plan(w.problem(0), theta=0.08, time_limit=3.0)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rebalance.placement import (
+from rebalance.core.placement import (
     DEFAULT_KEY_GROUPS,
     default_instances,
     group_instances,

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rebalance.bounds import cover_lower_bound, migration_lower_bound
-from rebalance.model import PlanParams, Problem, evaluate
-from rebalance.planners import METHODS, get_planner
+from rebalance.core.bounds import cover_lower_bound, migration_lower_bound
+from rebalance.core.model import PlanParams, Problem, evaluate
+from rebalance.core.planners import METHODS, get_planner
 
 # MILP-based planners cost a solver run per example: fewer examples, short time limit.
 EXAMPLES = {"milp": 6, "auto": 10}
@@ -135,7 +135,7 @@ def test_lower_bound_is_below_every_planner_that_reaches_its_target(problem, the
 
 # ------------------------------------------------------------------ the auto planner
 def _synthetic_problem(interval=1, n_keys=2000, n=8):
-    from rebalance.synthetic import SyntheticConfig, SyntheticWorkload
+    from rebalance.core.synthetic import SyntheticConfig, SyntheticWorkload
 
     w = SyntheticWorkload(SyntheticConfig(n_keys=n_keys, n_instances=n, fluctuation=0.5))
     return w.problem(interval)
@@ -155,7 +155,7 @@ def test_auto_stops_at_the_cover_plan_when_it_reaches_the_integer_bound():
 
 
 def test_auto_polishes_with_the_milp_when_the_cover_plan_is_not_good_enough(monkeypatch):
-    from rebalance.planners import auto as auto_module
+    from rebalance.core.planners import auto as auto_module
 
     monkeypatch.setattr(auto_module, "GOOD_ENOUGH", -1.0)  # nothing is ever good enough
     problem = _synthetic_problem()
@@ -172,7 +172,7 @@ def test_auto_polishes_with_the_milp_when_the_cover_plan_is_not_good_enough(monk
 
 
 def test_auto_keeps_mixed_on_large_problems(monkeypatch):
-    from rebalance.planners import auto as auto_module
+    from rebalance.core.planners import auto as auto_module
 
     monkeypatch.setattr(auto_module, "MILP_MAX_KEYS", 100)
     problem = _synthetic_problem()
@@ -191,7 +191,7 @@ def test_auto_skips_the_polish_without_time():
 
 
 def test_fit_table_sends_keys_home_free_first_then_cheapest():
-    from rebalance.planners.auto import fit_table
+    from rebalance.core.planners.auto import fit_table
 
     # 3 instances; defaults all 0. k0: current 1 -> plan 2 (moves anyway: free to send home);
     # k1: current 0 -> plan 1 (plan moved it off home); k2, k3: table keys staying on 2,

@@ -4,7 +4,7 @@ Each refusal goes through the real command entry (``rebalance.cli.main`` with ca
 the console script in a subprocess where warnings printed by libraries or the JVM would
 show), and asserts: exit code 2, exactly one line on stderr (``rebalance <cmd>: error:``),
 nothing on stdout, nothing written (no output folder, no probe folder left behind). The
-model's own checks (:class:`rebalance.model.Problem`) are tested directly too, since the
+model's own checks (:class:`rebalance.core.model.Problem`) are tested directly too, since the
 DAG builds problems without the CLI. No JVM: every case here is refused before Spark.
 (tests/unit/test_cli.py holds the earlier bad-input cases of ``rebalance plan``.)
 """
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from rebalance import cli
-from rebalance.model import MAX_INSTANCES, PlanningError, Problem
+from rebalance.core.model import MAX_INSTANCES, PlanningError, Problem
 
 T0 = "2026-01-01T00:00:00Z"
 
@@ -246,8 +246,7 @@ def test_bench_refusals(case, files, tmp_path, capsys, monkeypatch):
      r"--lookback-windows must be within \[1, "),
 ])
 def test_audit_refusals_before_spark_starts(argv, match, capsys, monkeypatch):
-    from rebalance import apply_cli
-
+    from rebalance.cli import apply as apply_cli
     def no_spark():
         raise AssertionError("the command asked for a Spark session before refusing")
     monkeypatch.setattr(apply_cli, "cli_spark_session", no_spark)  # no JVM may start

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rebalance.placement import default_instances
+from rebalance.core.placement import default_instances
 from rebalance.streaming import restart, restart_checkpoint, restart_sink
 from rebalance.streaming.processor import INITIAL_STATE_DDL, PERKEY, PERWINDOW
 from rebalance.streaming.routing import instance_labels

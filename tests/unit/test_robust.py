@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from rebalance.model import PlanningError, PlanParams, Problem, evaluate
-from rebalance.planners import get_planner
+from rebalance.core.model import PlanningError, PlanParams, Problem, evaluate
+from rebalance.core.planners import get_planner
 
 KEYS = np.array(["a", "b", "c", "d"], dtype=object)
 # two windows: the mean is even (1, 1, 1, 1) but each window loads one pair

@@ -97,7 +97,7 @@ def test_the_generated_admin_password_lives_only_in_the_airflow_home(tracked):
     tracked file (checked whenever a local service has generated one)."""
     import os
 
-    from rebalance.service import Settings
+    from rebalance.ops.service import Settings
 
     home = Settings().airflow_home
     if not os.environ.get("AIRFLOW_HOME"):

@@ -11,10 +11,8 @@ import pandas as pd
 import pytest
 
 from rebalance.cli import main
-from rebalance.evaluation.runner import PlannerSpec, parse_planners, replay
-from rebalance.evaluation.workloads import substream_trace
-from rebalance.model import PlanningError, PlanParams
-from rebalance.planners.hash_choices import (
+from rebalance.core.model import PlanningError, PlanParams
+from rebalance.core.planners.hash_choices import (
     MERSENNE31,
     ChoiceRouter,
     UniversalHash,
@@ -22,6 +20,8 @@ from rebalance.planners.hash_choices import (
     key_ids,
     route_by_choices,
 )
+from rebalance.evaluation.runner import PlannerSpec, parse_planners, replay
+from rebalance.evaluation.workloads import substream_trace
 
 # ------------------------------------------------------------------ UHLB: the hash family
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rebalance.service import Service, ServiceError, Settings, airflow_env, components
+from rebalance.ops.service import Service, ServiceError, Settings, airflow_env, components
 from rebalance.streaming.restart_checkpoint import (
     RestartError,
     kafka_source_after,
@@ -59,7 +59,7 @@ def test_kafka_service_starts_a_broker_first_and_points_generator_and_job_at_it(
     # The options parse as the apps parse them.
     from importlib import util
 
-    from rebalance.paths import REPO_ROOT
+    from rebalance.spark.paths import REPO_ROOT
 
     for app, argv in (("restartable_job", job), ("generate_events", gen)):
         spec = util.spec_from_file_location(app, REPO_ROOT / "spark_apps" / f"{app}.py")
@@ -84,8 +84,8 @@ def test_up_refuses_another_source_while_the_recorded_one_runs(tmp_path):
     import os
     import time
 
-    from rebalance.processes import start_time
-    from rebalance.service import Record
+    from rebalance.ops.processes import start_time
+    from rebalance.ops.service import Record
 
     s = _settings(tmp_path, source="delta")
     s.pids.mkdir(parents=True)

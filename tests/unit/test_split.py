@@ -1,4 +1,4 @@
-"""Split placement (rebalance.planners.split): keys heavier than the bound spread over
+"""Split placement (rebalance.core.planners.split): keys heavier than the bound spread over
 several instances with shares; every figure recomputed from the plan."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from rebalance import cli
-from rebalance.model import PlanningError, PlanParams, Problem, evaluate
-from rebalance.placement import default_instances
-from rebalance.planners import get_planner
-from rebalance.planners.split import SplitKeys, evaluate_split, expand, hot_keys, plan_split
+from rebalance.core.model import PlanningError, PlanParams, Problem, evaluate
+from rebalance.core.placement import default_instances
+from rebalance.core.planners import get_planner
+from rebalance.core.planners.split import SplitKeys, evaluate_split, expand, hot_keys, plan_split
 
 
 def _problem(load, n, current=None, state=None, scenarios=None, drain=()):

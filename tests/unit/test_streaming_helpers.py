@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rebalance.placement import default_instances, spark_hash_int
+from rebalance.core.placement import default_instances, spark_hash_int
 from rebalance.spark.tables import (
     ASSIGNMENTS,
     TABLES,

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from rebalance.processes import descendants as _children
-from rebalance.processes import running as _running
-from rebalance.service import (
+from rebalance.ops.processes import descendants as _children
+from rebalance.ops.processes import running as _running
+from rebalance.ops.service import (
     Component,
     Service,
     ServiceError,
@@ -65,7 +65,7 @@ def test_down_stops_the_whole_tree_even_children_that_ignore_sigterm(settings):
     # SIGTERM: down must still find it (descendants of the recorded pid) and kill it.
     code = "setsid bash -c 'trap \"\" TERM; sleep 120' & trap '' TERM; sleep 120 & wait"
     svc = Service(settings, out=lambda _: None, parts=stand_ins({"stubborn": code}))
-    import rebalance.service as service_module
+    import rebalance.ops.service as service_module
 
     service_module.STOP_GRACE_SECONDS, grace = 1.0, service_module.STOP_GRACE_SECONDS
     try:
@@ -150,7 +150,7 @@ def test_a_record_written_with_start_ticks_still_names_its_process(tmp_path):
     import json
     import os
 
-    from rebalance.service import Record
+    from rebalance.ops.service import Record
 
     ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19])
     path = tmp_path / "job.json"

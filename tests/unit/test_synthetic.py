@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rebalance.model import Problem
-from rebalance.synthetic import (
+from rebalance.core.model import Problem
+from rebalance.core.synthetic import (
     SyntheticConfig,
     SyntheticWorkload,
     fluctuate,
@@ -117,7 +117,7 @@ def test_state_model():
 def test_state_window_is_seed003_sliding_window():
     """S(k, w): overhead + bytes/event x factor x the key's events over its last w
     intervals (those that exist at the start); w = 1 is the current-interval state."""
-    from rebalance.synthetic import SEED003_STATE_WINDOW
+    from rebalance.core.synthetic import SEED003_STATE_WINDOW
 
     assert SEED003_STATE_WINDOW == 10
     base = dict(n_keys=300, n_instances=4, fluctuation=0.5, seed=2)

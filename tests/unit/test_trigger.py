@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rebalance.trigger import Decision, GainGate, ThetaTrigger, TriggerPolicy, mldc
+from rebalance.core.trigger import Decision, GainGate, ThetaTrigger, TriggerPolicy, mldc
 
 POLICY = TriggerPolicy()
 

@@ -9,8 +9,8 @@ import socket
 import pytest
 
 from rebalance import cli
+from rebalance.cli.trigger import parse_settings
 from rebalance.control.params import PARAMS_SCHEMA, RunParams
-from rebalance.trigger_cli import parse_settings
 
 
 def test_settings_are_json_values_or_text():
@@ -99,8 +99,8 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused(capsys, timeout):
 
 
 def test_a_skip_is_logged_the_way_the_trigger_command_finds_it(caplog):
-    from rebalance.airflow_client import SKIPPED
     from rebalance.control.errors import RunSkipped
+    from rebalance.ops.airflow_client import SKIPPED
 
     with caplog.at_level("INFO", logger="rebalance.control"):
         RunSkipped("too few events: 3 in 2 windows")
@@ -108,7 +108,7 @@ def test_a_skip_is_logged_the_way_the_trigger_command_finds_it(caplog):
 
 
 def test_skip_reasons_come_from_the_logs_of_skipped_tasks_that_ran():
-    from rebalance.airflow_client import AirflowClient, AirflowError
+    from rebalance.ops.airflow_client import AirflowClient, AirflowError
 
     class Logs(AirflowClient):  # the REST layer answers from a dict; the filtering is real
         asked: list = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from rebalance.validation import PlanLimits, validate_plan
+from rebalance.control.validation import PlanLimits, validate_plan
 
 
 @pytest.fixture()

@@ -77,7 +77,7 @@ def test_an_unknown_check_is_refused():
 def test_the_waits_poll_and_retry_delay_come_from_the_environment_or_the_defaults(
         monkeypatch):
     from rebalance.control import inputs
-    from rebalance.service import Settings, airflow_env
+    from rebalance.ops.service import Settings, airflow_env
 
     monkeypatch.delenv("REBALANCE_WAIT_POLL_SECONDS", raising=False)
     monkeypatch.delenv("REBALANCE_RETRY_DELAY_SECONDS", raising=False)

@@ -2,7 +2,7 @@
 
 Layers, each importable without Spark (Spark is imported inside the functions that use it):
 
-* :mod:`rebalance.records` (shared with the storage layer, so it lives beside both):
+* :mod:`rebalance.core.records` (shared with the storage layer, so it lives beside both):
   plan statuses, the plan record, ids, time and JSON helpers;
 * :mod:`.errors`: the outcomes a task raises (skipped, rejected, refused, ...);
 * :mod:`.params`: the run's params (the DAG's Params form), its identity, the schedule

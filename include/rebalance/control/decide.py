@@ -2,22 +2,22 @@
 the plan holds.
 
 The ``rebalance`` DAG's ``detect`` and ``plan`` tasks read the pinned windows
-(:mod:`.inputs`) and hand them here as a :class:`~rebalance.backtest.WindowHistory` and
+(:mod:`.inputs`) and hand them here as a :class:`~rebalance.core.backtest.WindowHistory` and
 the live assignment of its keys; everything below is numpy/pandas and the backtest
-engine of :mod:`rebalance.backtest`, so it is unit-tested without Spark or Airflow.
+engine of :mod:`rebalance.core.backtest`, so it is unit-tested without Spark or Airflow.
 
 * :func:`detect`: the run's ``trigger_rule``: ``theta`` (default,
-  :class:`~rebalance.trigger.ThetaTrigger`: a majority of the latest 3 windows exceed
+  :class:`~rebalance.core.trigger.ThetaTrigger`: a majority of the latest 3 windows exceed
   ``1 + theta`` under the live assignment) or ``seed004``
-  (:class:`~rebalance.trigger.TriggerPolicy`, rules 1-3; rule 4 needs the plan).
+  (:class:`~rebalance.core.trigger.TriggerPolicy`, rules 1-3; rule 4 needs the plan).
 * :func:`plan_policy`: how the plan is made. The latest third of the windows (at least
   one, :func:`holdout_windows`) is held out; the load model and ``theta_plan`` are
-  chosen on the windows before it (``load_model`` auto: :func:`rebalance.backtest.choose`
-  within the planning time limit; a named model: :func:`rebalance.backtest.calibrate`
+  chosen on the windows before it (``load_model`` auto: :func:`rebalance.core.backtest.choose`
+  within the planning time limit; a named model: :func:`rebalance.core.backtest.calibrate`
   for ``theta_plan`` unless the run sets it), so the held-out windows judge a choice
-  that never saw them. Then :func:`rebalance.backtest.holds` plans that way on the
+  that never saw them. Then :func:`rebalance.core.backtest.holds` plans that way on the
   windows before the held-out ones and replays the plan and the live assignment on them;
-  :class:`~rebalance.trigger.GainGate` applies the plan only when it lowers the mean
+  :class:`~rebalance.core.trigger.GainGate` applies the plan only when it lowers the mean
   realised imbalance by at least ``min_backtest_gain``. ``force`` plans anyway, and the
   reasons record what was overridden.
 * :func:`forecast_problem`: the planning problem on the forecast of the chosen load model
@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..backtest import (
+from rebalance.control.params import RunParams
+from rebalance.core.backtest import (
     BACKTEST_TIME_LIMIT,
     BacktestError,
     Policy,
@@ -44,10 +45,9 @@ from ..backtest import (
     holds,
     window_imbalance,
 )
-from ..forecast import LoadModel, LoadModelError, forecast, scenarios
-from ..model import PlanParams, Problem
-from ..trigger import Decision, GainGate, ThetaTrigger, TriggerPolicy, mldc
-from .params import RunParams
+from rebalance.core.forecast import LoadModel, LoadModelError, forecast, scenarios
+from rebalance.core.model import PlanParams, Problem
+from rebalance.core.trigger import Decision, GainGate, ThetaTrigger, TriggerPolicy, mldc
 
 
 def holdout_windows(n_windows: int) -> int:
@@ -115,7 +115,7 @@ def _policy(model: LoadModel, theta_plan: float | None, method: str, before: int
 
 def backtest_params(p: RunParams) -> PlanParams:
     """Planner parameters of the plans a backtest makes: the run's theta and table bound,
-    :data:`~rebalance.backtest.BACKTEST_TIME_LIMIT` per plan. Not its migration budget:
+    :data:`~rebalance.core.backtest.BACKTEST_TIME_LIMIT` per plan. Not its migration budget:
     the run's budget is a share of the state held at the latest window, while a backtest
     step's state is what its planning windows held; the plan that is stored keeps it."""
     return PlanParams(theta=float(p.theta), max_table=p.max_table,
@@ -228,7 +228,7 @@ def _table(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 def forecast_problem(problem: Problem, history: WindowHistory, model: LoadModel) -> Problem:
     """``problem`` (every key of the run, state and current instance as built by
-    :func:`rebalance.histograms.build_problem`) with the loads of ``model``'s forecast over
+    :func:`rebalance.core.histograms.build_problem`) with the loads of ``model``'s forecast over
     the run's windows, and its scenarios for ``robust``; keys without events get 0."""
     at = pd.Index(history.keys).get_indexer(pd.Index(problem.keys.astype(object)))
     found = at >= 0

@@ -3,7 +3,7 @@
 :func:`read_windows` pins the windows of the run's data interval, the ``key_histograms``
 and base assignment versions; :func:`load_rows` reads the pinned histogram rows once;
 :func:`load_problem` turns them into the planning problem through
-:func:`rebalance.histograms.build_problem`, the same aggregation as ``rebalance plan``,
+:func:`rebalance.core.histograms.build_problem`, the same aggregation as ``rebalance plan``,
 and :func:`window_history` into the per-window loads the trigger and the backtest read.
 Spark is imported inside the functions only.
 """
@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..backtest import WindowHistory
-from ..model import PlanningError, Problem
-from ..records import FRAME_COLUMNS, as_utc
-from .errors import RunSkipped
-from .params import RunInfo, RunParams
+from rebalance.control.errors import RunSkipped
+from rebalance.control.params import RunInfo, RunParams
+from rebalance.core.backtest import WindowHistory
+from rebalance.core.model import PlanningError, Problem
+from rebalance.core.records import FRAME_COLUMNS, as_utc
 
 if TYPE_CHECKING:
-    from ..spark.plan_store import PlanStore
+    from rebalance.spark.plan_store import PlanStore
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ CONTROL_PLANE_CONF = {"spark.databricks.delta.snapshotPartitions": "2"}
 
 def spark_session():
     """The project session (:func:`rebalance.spark.session.get_spark`), tuned for small tables."""
-    from ..spark.session import get_spark
+    from rebalance.spark.session import get_spark
 
     spark = get_spark("rebalance-dag", conf=CONTROL_PLANE_CONF)
     for key, value in CONTROL_PLANE_CONF.items():
@@ -51,7 +51,7 @@ def spark_session():
 def plan_store(spark=None) -> PlanStore:
     """The control plane's :class:`~rebalance.spark.plan_store.PlanStore` (on
     :func:`spark_session` unless a session is given)."""
-    from ..spark.plan_store import PlanStore
+    from rebalance.spark.plan_store import PlanStore
 
     return PlanStore(spark_session() if spark is None else spark)
 
@@ -105,7 +105,7 @@ def windows_check(args: Mapping[str, Any]) -> dict[str, Any]:
                 "xcom_value": {"run": run.to_dict(), "params": p.to_dict(),
                                "inputs": stored.inputs}}
 
-    from ..spark import tables
+    from rebalance.spark import tables
 
     try:
         if not tables.exists(spark, tables.ASSIGNMENTS):
@@ -205,7 +205,7 @@ def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dic
     """Latest key_histograms version and the last ``lookback`` windows starting in the interval."""
     from pyspark.sql import functions as F
 
-    from ..spark import tables
+    from rebalance.spark import tables
 
     if not tables.exists(spark, tables.KEY_HISTOGRAMS):
         raise RunSkipped(f"no key histograms stored yet at {tables.KEY_HISTOGRAMS.path()}")
@@ -228,7 +228,7 @@ def load_rows(spark, inputs: Mapping[str, Any]) -> pd.DataFrame:
     merged per (window, key): ``window_start, key, count, cost, state_bytes``."""
     from pyspark.sql import functions as F
 
-    from ..spark import tables
+    from rebalance.spark import tables
 
     windows = list(inputs["windows"])
     df = (tables.read(spark, tables.KEY_HISTOGRAMS, version=int(inputs["key_histograms_version"]))
@@ -244,14 +244,14 @@ def load_rows(spark, inputs: Mapping[str, Any]) -> pd.DataFrame:
 
 def base_routing(spark, inputs: Mapping[str, Any]) -> dict[str, int]:
     """The routing table of the run's base assignment version (the live one)."""
-    from ..spark import tables
+    from rebalance.spark import tables
 
     return tables.read_assignment(spark, version=int(inputs["base_assignment_version"])).routing
 
 
 def window_history(rows: pd.DataFrame, n_instances: int,
                    routing: Mapping[str, int]) -> tuple[WindowHistory, np.ndarray]:
-    """The pinned windows as a :class:`~rebalance.backtest.WindowHistory` (per-window key
+    """The pinned windows as a :class:`~rebalance.core.backtest.WindowHistory` (per-window key
     loads, oldest first) and the live assignment of its keys (the routing table over the
     default placement): what the trigger judges and the backtest replays."""
     history = WindowHistory.from_histograms(rows, int(n_instances))
@@ -266,14 +266,14 @@ def load_problem(spark, inputs: Mapping[str, Any],
 
     The histogram rows of the pinned windows (one Delta version of ``key_histograms``)
     go through the same aggregation as ``rebalance plan``
-    (:func:`rebalance.histograms.build_problem`): load of a key = its cost per window
+    (:func:`rebalance.core.histograms.build_problem`): load of a key = its cost per window
     (mean over the windows, absent = 0), state = the state bytes it held at the close
     of its latest window (the job's state is the sliding window of its last w windows:
     seed 003's S(k, w)), current instance = the base assignment version's routing table
     over the default placement. Keys of the routing table without events are planned too.
     ``rows``: the pinned rows when already read (:func:`load_rows`).
     """
-    from ..histograms import build_problem
+    from rebalance.core.histograms import build_problem
 
     pdf = load_rows(spark, inputs) if rows is None else rows
     table = base_routing(spark, inputs)

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..forecast import LOAD_MODELS, LoadModel, LoadModelError
-from ..model import PlanParams
-from ..planners import METHODS
-from ..records import as_utc, hash_id
-from ..trigger import TRIGGER_RULES
-from .errors import InvalidParams
+from rebalance.control.errors import InvalidParams
+from rebalance.core.forecast import LOAD_MODELS, LoadModel, LoadModelError
+from rebalance.core.model import PlanParams
+from rebalance.core.planners import METHODS
+from rebalance.core.records import as_utc, hash_id
+from rebalance.core.trigger import TRIGGER_RULES
 
 DAG_ID = "rebalance"
 #: ``apply_mode=auto``: share of the job's state a plan must move (the state a live switch
@@ -37,7 +37,7 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
     "method": {
         "type": "string", "enum": list(METHODS),
         "title": "Planning method",
-        "description": "Planner of rebalance.planners: mixed (few moves, small routing table), "
+        "description": "Planner of rebalance.core.planners: mixed (few moves, small routing table), "
                        "milp (exact optimisation within the time limit), auto (the best the "
                        "time limit affords), ...",
     },

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from ..model import Problem, evaluate
-from ..placement import default_instances
-from ..records import PlanRecord, PlanStatus, as_utc, hash_id
-from .inputs import assignment_frame, plan_store
-from .params import RunInfo, RunParams
+from rebalance.control.inputs import assignment_frame, plan_store
+from rebalance.control.params import RunInfo, RunParams
+from rebalance.core.model import Problem, evaluate
+from rebalance.core.placement import default_instances
+from rebalance.core.records import PlanRecord, PlanStatus, as_utc, hash_id
 
 #: The run identity of rollbacks stored from the command line.
 ROLLBACK_DAG_ID = "rebalance-cli"
@@ -32,7 +32,7 @@ def propose_rollback(spark, to_version: int, theta: float | None = None,
     (zero for keys without traffic). Idempotent: the plan id is a hash of the target, the
     live version and the histogram version, so a repeated command finds the stored plan.
     """
-    from ..spark import tables
+    from rebalance.spark import tables
 
     if not tables.exists(spark, tables.ASSIGNMENTS):
         raise LookupError("no assignments table: nothing was ever published")
@@ -89,12 +89,12 @@ def propose_rollback(spark, to_version: int, theta: float | None = None,
 def latest_loads(spark, lookback: int) -> tuple[dict[str, float], dict[str, float], list[str],
                                                  int | None]:
     """Per-key load and state of the latest ``lookback`` windows, if any: the histogram rows
-    through :func:`rebalance.histograms.build_problem` (load = cost per window, mean over
+    through :func:`rebalance.core.histograms.build_problem` (load = cost per window, mean over
     the windows; state = bytes at the close of the key's latest window), as every plan."""
     from pyspark.sql import functions as F
 
-    from ..histograms import build_problem
-    from ..spark import tables
+    from rebalance.core.histograms import build_problem
+    from rebalance.spark import tables
 
     if not tables.exists(spark, tables.KEY_HISTOGRAMS):
         return {}, {}, [], None

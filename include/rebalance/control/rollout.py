@@ -19,8 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..model import imbalance
-from ..records import (
+from rebalance.control.errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
+from rebalance.control.inputs import plan_store, spark_session
+from rebalance.control.params import AUTO_RESTART_ABOVE, unpack
+from rebalance.control.tasks import new_routing, publish, validate
+from rebalance.core.model import imbalance
+from rebalance.core.records import (
     APPLY_LEASE,
     LIVE_STATUSES,
     PlanRecord,
@@ -29,10 +33,6 @@ from ..records import (
     as_utc,
     utcnow,
 )
-from .errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
-from .inputs import plan_store, spark_session
-from .params import AUTO_RESTART_ABOVE, unpack
-from .tasks import new_routing, publish, validate
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def job_down_reason(spark) -> str | None:
     """Why the streaming job looks down: its newest ``results`` commit is older than
     :func:`job_stale_seconds` (None when it is recent). A store without a ``results``
     table (histograms written by other means, as in the DAG tests) is not checked."""
-    from ..spark import tables
+    from rebalance.spark import tables
 
     if not tables.exists(spark, tables.RESULTS):
         return None
@@ -150,7 +150,7 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
     (the reason is logged and added to the plan's reasons) and ``restart`` is refused at
     once (:func:`mode_for_job`).
     """
-    from ..spark import tables
+    from rebalance.spark import tables
 
     run, p = unpack(published)
     plan_id = published["plan"]["plan_id"]
@@ -167,7 +167,7 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
     mode, note = resolve_mode(p.apply_mode, record.metrics.get("migration_fraction"),
                               p.restart_above), None
     if mode == "restart":  # can the running job restart? (its newest ``jobs`` row)
-        from ..spark.jobs import latest_start
+        from rebalance.spark.jobs import latest_start
 
         start = latest_start(spark, job_name())
         try:
@@ -199,7 +199,7 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
                     metadata={"action": "apply", **record.commit_values(), "apply_mode": mode})
                 applied_at = utcnow()
             if mode == "restart":
-                from ..streaming.restart import request_restart
+                from rebalance.streaming.restart import request_restart
 
                 # Idempotent: the request id is the plan id (one Delta transaction).
                 request_restart(spark, version, int(record.inputs["n_instances"]),
@@ -228,7 +228,7 @@ def gate_and_apply(stored: Mapping[str, Any], dry_run: bool = False) -> dict[str
 
 def published_version(spark, plan_id: str) -> tuple[int | None, dt.datetime | None]:
     """The assignment version a plan was published as, from the Delta history (or None)."""
-    from ..spark import tables
+    from rebalance.spark import tables
 
     for commit in tables.assignment_history(spark):
         if commit.metadata.get("plan_id") == plan_id:
@@ -248,7 +248,7 @@ def await_restart(applied: Mapping[str, Any]) -> dict[str, Any]:
     the plan is stored as diverged with the reason, and :class:`RestartFailed` fails
     the task.
     """
-    from ..streaming.restart import RestartControl
+    from rebalance.streaming.restart import RestartControl
 
     _, p = unpack(applied)
     plan_id = applied["plan"]["plan_id"]
@@ -290,7 +290,7 @@ def await_restart(applied: Mapping[str, Any]) -> dict[str, Any]:
 
 def roll_back_assignment(spark, record: PlanRecord) -> int:
     """Publish the plan's base assignment again as the newest version (once per plan)."""
-    from ..spark import tables
+    from rebalance.spark import tables
 
     for commit in tables.assignment_history(spark):
         if commit.metadata.get("rollback_of") == record.plan_id:
@@ -384,7 +384,7 @@ def realised_imbalance(spark, version: int, n_instances: int,
     """
     from pyspark.sql import functions as F
 
-    from ..spark import tables
+    from rebalance.spark import tables
 
     df = tables.read(spark, tables.KEY_HISTOGRAMS)
     # Only windows with a row under ``version`` can qualify: found first, with the files

@@ -20,12 +20,9 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..records import LIVE_STATUSES, PlanRecord, PlanStatus, utcnow
-from ..trigger import TriggerPolicy
-from ..validation import PlanLimits, validate_plan
-from . import decide
-from .errors import ApplyRefused, InvalidParams, PlanRejected, RunSkipped
-from .inputs import (
+from rebalance.control import decide
+from rebalance.control.errors import ApplyRefused, InvalidParams, PlanRejected, RunSkipped
+from rebalance.control.inputs import (
     assignment_frame,
     base_routing,
     load_problem,
@@ -34,16 +31,19 @@ from .inputs import (
     spark_session,
     window_history,
 )
-from .params import RunInfo, RunParams, plan_id_for, unpack
+from rebalance.control.params import RunInfo, RunParams, plan_id_for, unpack
+from rebalance.control.validation import PlanLimits, validate_plan
+from rebalance.core.records import LIVE_STATUSES, PlanRecord, PlanStatus, utcnow
+from rebalance.core.trigger import TriggerPolicy
 
 if TYPE_CHECKING:
-    from ..spark.plan_store import PlanStore
+    from rebalance.spark.plan_store import PlanStore
 
 log = logging.getLogger(__name__)
 
 
 def trigger_policy(p: RunParams) -> TriggerPolicy:
-    """Seed 004's trigger rules (:mod:`rebalance.trigger`) with the run's ``min_events``."""
+    """Seed 004's trigger rules (:mod:`rebalance.core.trigger`) with the run's ``min_events``."""
     return TriggerPolicy(min_items=int(p.min_events))
 
 
@@ -90,7 +90,7 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
     """Choose how to plan by backtest, check that such plans hold, plan, and store the plan
     (status proposed).
 
-    The run's windows become a :class:`~rebalance.backtest.WindowHistory`;
+    The run's windows become a :class:`~rebalance.core.backtest.WindowHistory`;
     :func:`rebalance.control.decide.plan_policy` holds out the latest third of them,
     chooses the load model and ``theta_plan`` on the rest (``load_model`` auto: by
     backtest, within the planner's time limit) and replays a plan made that way on the
@@ -102,8 +102,8 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
     stored with its load model, theta_plan, backtested imbalance and the reasons
     (``inputs["backtest"]``). A retry finds the stored plan by its id and returns it.
     """
-    from ..model import evaluate
-    from ..planners import get_planner
+    from rebalance.core.model import evaluate
+    from rebalance.core.planners import get_planner
 
     run, p = unpack(detected)
     inputs = dict(detected["inputs"])
@@ -179,7 +179,7 @@ def propose_rollback(to_version: int, dry_run: bool = False) -> dict[str, Any]:
     """The ``rebalance_rollback`` DAG's first task: store the plan restoring ``to_version``
     (:func:`rebalance.control.rollback.propose_rollback`); then validate, publish and apply
     as any plan."""
-    from .rollback import propose_rollback as propose
+    from rebalance.control.rollback import propose_rollback as propose
 
     try:
         return propose(spark_session(), int(to_version), dry_run=dry_run)
@@ -204,7 +204,7 @@ def plan_limits(record: PlanRecord, theta: float | None = None) -> PlanLimits:
 
 
 def validate(planned: Mapping[str, Any]) -> dict[str, Any]:
-    """Check the stored plan with the Great Expectations gate of :mod:`rebalance.validation`.
+    """Check the stored plan with the Great Expectations gate of :mod:`rebalance.control.validation`.
 
     Every key exactly once, instances in range, no nulls, predicted imbalance <= 1 +
     theta, migration within budget, table size within bound, and every reported metric
@@ -264,7 +264,7 @@ def publish(validated: Mapping[str, Any]) -> dict[str, Any]:
 def new_routing(store: PlanStore, record: PlanRecord) -> dict[str, int]:
     """Routing table of a plan's assignment: planned keys off their default instance,
     plus the base version's entries for keys the plan did not see (kept as they are)."""
-    from ..spark import tables
+    from rebalance.spark import tables
 
     frame = store.frame(record.plan_id)
     base = tables.read_assignment(store.spark, version=record.base_assignment_version or 0).routing

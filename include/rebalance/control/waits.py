@@ -25,8 +25,8 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from . import inputs, rollout
-from .errors import InvalidParams, RestartFailed, RunSkipped, VerificationFailed
+from rebalance.control import inputs, rollout
+from rebalance.control.errors import InvalidParams, RestartFailed, RunSkipped, VerificationFailed
 
 #: The checks a wait may run, by name: each takes its JSON-able payload and returns
 #: ``{"is_done", "xcom_value"}``.

@@ -26,10 +26,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..histogram_files import read_histogram_table
-from ..model import PlanningError, PlanParams
-from .runner import PlannerSpec, parse_planners, replay
-from .workloads import (
+from rebalance.core.histogram_files import read_histogram_table
+from rebalance.core.model import PlanningError, PlanParams
+from rebalance.evaluation.runner import PlannerSpec, parse_planners, replay
+from rebalance.evaluation.workloads import (
     Trace,
     histogram_trace,
     perturbation_trace,

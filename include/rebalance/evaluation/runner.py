@@ -9,11 +9,11 @@ t-1 as the current one, plans, and its assignment is carried on. A planner spec
 the last m windows); in between the assignment is held and only measured.
 
 One row per planner and interval, with the plan's metrics (recomputed by
-:func:`rebalance.model.evaluate`, the lower bound of :mod:`rebalance.bounds` and the
+:func:`rebalance.core.model.evaluate`, the lower bound of :mod:`rebalance.core.bounds` and the
 gap to it) and the imbalance the assignment then meets on window t itself (the data it
 was not planned on).
 
-The hash routings of :mod:`rebalance.planners.hash_choices` (``uhlb``, ``pkg``,
+The hash routings of :mod:`rebalance.core.planners.hash_choices` (``uhlb``, ``pkg``,
 ``dchoices``, ``wchoices``: seed 001's baselines and D-Choices) are replayed by
 :func:`replay_routing` into rows of the same columns: they plan nothing and move no key
 (``migration_fraction`` 0: a key's candidates never change), route window t-1 for the
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from ..model import Plan, PlanningError, PlanParams, Problem, evaluate
-from ..planners import METHODS, get_planner
-from ..planners.hash_choices import ROUTINGS, ChoiceRouter, key_ids
-from .flux import FluxPlanner
-from .workloads import Trace
+from rebalance.core.model import Plan, PlanningError, PlanParams, Problem, evaluate
+from rebalance.core.planners import METHODS, get_planner
+from rebalance.core.planners.hash_choices import ROUTINGS, ChoiceRouter, key_ids
+from rebalance.evaluation.flux import FluxPlanner
+from rebalance.evaluation.workloads import Trace
 
 EXTRA_PLANNERS = ("flux",) + ROUTINGS
 

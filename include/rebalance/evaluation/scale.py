@@ -2,7 +2,7 @@
 to 10^7 keys, as a user runs it (process start to files written).
 
 Workload (issue 11): one window of seed 003's Zipf loads (z = 0.7, the keys ``k0 ..
-k{K-1}`` of :mod:`rebalance.synthetic`, seed 0), N = 64 instances, theta = 0.02, written
+k{K-1}`` of :mod:`rebalance.core.synthetic`, seed 0), N = 64 instances, theta = 0.02, written
 once per K as a Parquet file with the streaming job's columns (``window_start``,
 ``key``, ``count``, ``cost``, ``state_bytes``), and an assignment file that lists
 **every** key (its default instance, :data:`MOVED_SHARE` of them on another random
@@ -70,8 +70,8 @@ def write_inputs(workdir: Path, n_keys: int, n_instances: int = SCALE_INSTANCES,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..placement import default_instances
-    from ..synthetic import SyntheticConfig, SyntheticWorkload, rank_frequencies
+    from rebalance.core.placement import default_instances
+    from rebalance.core.synthetic import SyntheticConfig, SyntheticWorkload, rank_frequencies
 
     hist, assign = input_paths(workdir, n_keys)
     if hist.exists() and assign.exists():
@@ -173,7 +173,7 @@ def run_scale(workdir: Path, keys: Sequence[int] = SCALE_KEYS,
     Unknown methods or placements and a ``workdir`` that is a file are refused
     (``ValueError``) before any input is generated: an unknown method would otherwise
     give a row of NaN per run."""
-    from ..methods import METHODS
+    from rebalance.core.methods import METHODS
 
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -261,7 +261,7 @@ def format_scale(summary: Sequence[dict[str, Any]]) -> str:
 
 def plot_scale(summary: Sequence[dict[str, Any]], path: Path) -> Path:
     """Log-log plot of median wall, input and plan time against K (one panel per placement)."""
-    from .plots import _pyplot, _save
+    from rebalance.evaluation.plots import _pyplot, _save
 
     plt = _pyplot()
     placements = [p for p in SCALE_PLACEMENTS if any(s["placement"] == p for s in summary)]

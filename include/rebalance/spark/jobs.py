@@ -26,9 +26,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from ..records import as_utc
-from . import tables
-from .plan_store import CONFLICT_BACKOFF_SECONDS, CONFLICT_RETRIES, is_conflict, utcnow
+from rebalance.core.records import as_utc
+from rebalance.spark import tables
+from rebalance.spark.plan_store import CONFLICT_BACKOFF_SECONDS, CONFLICT_RETRIES, is_conflict, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..records import as_utc, commit_metadata, utcnow
-from . import tables
-from .plan_store import CONTROL, PLAN_ASSIGNMENTS, PLANS, delta_txn, is_conflict
-from .tables import Table
+from rebalance.core.records import as_utc, commit_metadata, utcnow
+from rebalance.spark import tables
+from rebalance.spark.plan_store import CONTROL, PLAN_ASSIGNMENTS, PLANS, delta_txn, is_conflict
+from rebalance.spark.tables import Table
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ objects, same root, same helpers), so they can move there as they are:
     (``assignment_version``, the Delta version of its publish to ``assignments``),
     predicted and realised imbalance.
 ``plan_assignments``
-    The full assignment frame of every plan (the columns :mod:`rebalance.validation`
+    The full assignment frame of every plan (the columns :mod:`rebalance.control.validation`
     checks: key, instance, current, default, load, state, moved), written once.
 ``control``
     Named leases (``apply``: who may change the live assignment right now).
@@ -22,7 +22,7 @@ id) and a ``txnVersion`` that grows with its status (:data:`STATUS_ORDER`), so a
 retried step is skipped by Delta and adds no table version, and a step can never be
 written after a later one. Every commit carries ``userMetadata`` (JSON: action, dag
 id, run id, plan id, method, metrics, ...): the Delta history of ``plans`` and
-``assignments`` is the audit log (:mod:`rebalance.audit` prints it).
+``assignments`` is the audit log (:mod:`rebalance.cli.audit` prints it).
 
 >>> store = PlanStore(get_spark())                                    # doctest: +SKIP
 >>> store.get("3f2a9c...").status                                     # doctest: +SKIP
@@ -42,7 +42,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..records import (
+from rebalance.core.records import (
     APPLY_LEASE,
     FRAME_COLUMNS,
     LIVE_STATUSES,
@@ -54,8 +54,8 @@ from ..records import (
     commit_metadata,
     utcnow,
 )
-from . import tables
-from .tables import Table
+from rebalance.spark import tables
+from rebalance.spark.tables import Table
 
 log = logging.getLogger(__name__)
 

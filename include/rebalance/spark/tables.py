@@ -55,7 +55,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ..paths import data_dir
+from rebalance.spark.paths import data_dir
 
 
 class TableError(RuntimeError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..spark.session import parse_conf
+from rebalance.spark.session import parse_conf
 
 
 def add_spark_options(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,7 @@ def add_spark_options(parser: argparse.ArgumentParser) -> None:
 
 def spark_from_args(args: argparse.Namespace, app_name: str):
     """The project session (:func:`rebalance.spark.session.get_spark`) for the parsed options."""
-    from ..spark.session import get_spark
+    from rebalance.spark.session import get_spark
 
     return get_spark(app_name, master=args.master, conf=parse_conf(";".join(args.conf)))
 
@@ -30,7 +30,7 @@ def add_job_options(parser: argparse.ArgumentParser, *, trigger_seconds: float |
     """The keyed job's options (:class:`~rebalance.streaming.job.JobConfig`), shared by the
     entry points in ``spark_apps/``; ``trigger_seconds`` is the default micro-batch interval
     (None: process what is available and stop)."""
-    from .job import JobConfig
+    from rebalance.streaming.job import JobConfig
 
     d = JobConfig()
     group = parser.add_argument_group("keyed job")
@@ -71,7 +71,7 @@ def add_job_options(parser: argparse.ArgumentParser, *, trigger_seconds: float |
 def job_config_from_args(args: argparse.Namespace):
     """The :class:`~rebalance.streaming.job.JobConfig` of options added by
     :func:`add_job_options` (validated by JobConfig itself)."""
-    from .job import JobConfig
+    from rebalance.streaming.job import JobConfig
 
     return JobConfig(
         n_instances=args.instances, window_seconds=args.window_seconds,

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..placement import default_instances
-from ..synthetic import fluctuate, zipf_weights  # noqa: F401 - re-exported (seed 003 model)
+from rebalance.core.placement import default_instances
+from rebalance.core.synthetic import fluctuate, zipf_weights  # noqa: F401 - re-exported (seed 003 model)
 
 #: Malformed event kinds, named after the reason the job quarantines them with.
 MALFORMED_KINDS = ("missing_key", "negative_value", "non_numeric_value", "unparseable_event_time")
@@ -207,7 +207,7 @@ def next_batch(spark, config: GeneratorConfig, root: str | Path | None = None,
     (the live generator after its options changed) the other stream's batches are
     passed over: the new one is its own stream (its own transaction id).
     """
-    from ..spark import tables
+    from rebalance.spark import tables
 
     if not tables.exists(spark, tables.EVENTS, root):
         return 0
@@ -230,7 +230,7 @@ def next_batch(spark, config: GeneratorConfig, root: str | Path | None = None,
 
 def appended_batches(spark, config: GeneratorConfig, root: str | Path | None = None) -> set[int]:
     """The batches of this configuration's stream already in ``events``."""
-    from ..spark import tables
+    from rebalance.spark import tables
 
     if not tables.exists(spark, tables.EVENTS, root):
         return set()
@@ -247,7 +247,7 @@ def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
     Idempotent: each append is a Delta transaction ``(generator-<fingerprint>, batch)``,
     so a batch already appended is skipped (also when two writers race).
     """
-    from ..spark import tables
+    from rebalance.spark import tables
 
     tables.ensure_table(spark, tables.EVENTS, root)
     config = generator.config
@@ -283,7 +283,7 @@ def produce_batches(spark, generator: EventGenerator, batches: Iterable[int],
     """
     from pyspark.sql import functions as F
 
-    from ..spark import tables
+    from rebalance.spark import tables
 
     if not 0 <= duplicate_fraction <= 1:
         raise GeneratorError(f"duplicate_fraction must be in [0, 1], got {duplicate_fraction}")
@@ -350,7 +350,7 @@ def follow_start(spark, config: GeneratorConfig, root: str | Path | None = None,
     stream), else the current time rounded down to a batch."""
     import datetime as dt
 
-    from ..spark import tables
+    from rebalance.spark import tables
 
     if tables.exists(spark, tables.EVENTS, root):
         mine = {k: v for k, v in config.to_dict().items() if k != "start"}
@@ -370,7 +370,7 @@ def follow_start(spark, config: GeneratorConfig, root: str | Path | None = None,
 def kafka_follow_record(root: str | Path | None, topic: str) -> Path:
     """Where the live generator producing to ``topic`` records its stream (``start``, the
     options, the last batch produced): ``<tables root>/_kafka_follow/<topic>.json``."""
-    from ..spark import tables
+    from rebalance.spark import tables
 
     return Path(tables.EVENTS.path(root)).parent / "_kafka_follow" / f"{topic}.json"
 

@@ -39,11 +39,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from ..paths import data_dir
-from ..spark import tables
-from ..spark.jobs import LIVE, record_start
-from ..spark.tables import RAW_EVENT_DDL
-from .processor import (
+from rebalance.spark import tables
+from rebalance.spark.jobs import LIVE, record_start
+from rebalance.spark.paths import data_dir
+from rebalance.spark.tables import RAW_EVENT_DDL
+from rebalance.streaming.processor import (
     HANDOFF_COLUMNS_DDL,
     INSTANCE_HISTOGRAM,
     KEY_HISTOGRAM,
@@ -52,7 +52,7 @@ from .processor import (
     KeyedWindowProcessor,
     ProcessorSettings,
 )
-from .routing import route
+from rebalance.streaming.routing import route
 
 #: Columns of a handoff row besides the operator's input columns (NULL on event rows).
 HANDOFF_NAMES = [c.split()[0] for c in HANDOFF_COLUMNS_DDL.split(", ")]
@@ -232,7 +232,7 @@ def read_events(spark: SparkSession, config: JobConfig,
         import json
 
         if starting_offsets:
-            from .restart_checkpoint import with_new_partitions
+            from rebalance.streaming.restart_checkpoint import with_new_partitions
 
             partitions = kafka_partitions(spark, config.bootstrap_servers, config.topic)
             if partitions is not None:

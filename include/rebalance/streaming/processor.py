@@ -54,7 +54,7 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
-from .routing import instance_labels
+from rebalance.streaming.routing import instance_labels
 
 #: Estimated state bytes of a key besides its name: key group and default instance (INT),
 #: assignment version (BIGINT).

@@ -82,10 +82,10 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from ..spark import tables
-from ..spark.jobs import RESTART, record_start
-from .job import JobConfig
-from .restart_checkpoint import (
+from rebalance.spark import tables
+from rebalance.spark.jobs import RESTART, record_start
+from rebalance.streaming.job import JobConfig
+from rebalance.streaming.restart_checkpoint import (
     checkpoint_position,
     covering_batch,
     drop_uncommitted,
@@ -95,7 +95,7 @@ from .restart_checkpoint import (
     routing_log,
     source_after,  # noqa: F401 - importable from here (tests, callers)
 )
-from .restart_control import (
+from rebalance.streaming.restart_control import (
     BOOTSTRAP,
     TERMINAL,
     Generation,
@@ -105,9 +105,9 @@ from .restart_control import (
     Step,
     request_restart,
 )
-from .restart_query import Background, generation_query
-from .restart_sink import GatedWriter, VersionGuard, follow_routing
-from .restart_state import append_export, migrate_state, read_state, write_state
+from rebalance.streaming.restart_query import Background, generation_query
+from rebalance.streaming.restart_sink import GatedWriter, VersionGuard, follow_routing
+from rebalance.streaming.restart_state import append_export, migrate_state, read_state, write_state
 
 __all__ = [  # the driver; the steps' pieces live in the restart_* modules
     "RestartControl", "RestartError", "RestartableJob", "SimulatedCrash", "request_restart",

@@ -10,7 +10,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from .restart_control import Generation, RestartError
+from rebalance.streaming.restart_control import Generation, RestartError
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def next_source(spark: SparkSession, config: Any, offset: dict[str, Any]) -> dic
     last committed source ``offset`` (of the events source of ``config.source``)."""
     if config.source == "kafka":
         return kafka_source_after(offset, config.topic)
-    from ..spark import tables
+    from rebalance.spark import tables
 
     return source_after(spark, tables.EVENTS.path(config.tables_root), offset)
 

@@ -8,12 +8,12 @@ import threading
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..spark import tables
-from .job import JobConfig, keyed_stream, read_events
-from .restart_checkpoint import routing_log
-from .restart_control import Generation
-from .restart_sink import GatedWriter, VersionGuard
-from .restart_state import ensure_handoff_table
+from rebalance.spark import tables
+from rebalance.streaming.job import JobConfig, keyed_stream, read_events
+from rebalance.streaming.restart_checkpoint import routing_log
+from rebalance.streaming.restart_control import Generation
+from rebalance.streaming.restart_sink import GatedWriter, VersionGuard
+from rebalance.streaming.restart_state import ensure_handoff_table
 
 
 def generation_query(spark: SparkSession, config: JobConfig, gen: Generation,

@@ -14,11 +14,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..spark import tables
-from .job import KeyedOutputWriter
-from .processor import EXPORTED, HANDOFF, HANDOFF_IN, RESULT
-from .restart_state import handoff_frame
-from .routing import follow_assignment_rows
+from rebalance.spark import tables
+from rebalance.streaming.job import KeyedOutputWriter
+from rebalance.streaming.processor import EXPORTED, HANDOFF, HANDOFF_IN, RESULT
+from rebalance.streaming.restart_state import handoff_frame
+from rebalance.streaming.routing import follow_assignment_rows
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,17 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ..placement import default_instances
-from ..spark import tables
-from .processor import HANDOFF_COLUMNS_DDL, HANDOFF_EXPORT, INITIAL_STATE_DDL, PERKEY, PERWINDOW
-from .restart_control import Generation
-from .routing import instance_labels
+from rebalance.core.placement import default_instances
+from rebalance.spark import tables
+from rebalance.streaming.processor import (
+    HANDOFF_COLUMNS_DDL,
+    HANDOFF_EXPORT,
+    INITIAL_STATE_DDL,
+    PERKEY,
+    PERWINDOW,
+)
+from rebalance.streaming.restart_control import Generation
+from rebalance.streaming.routing import instance_labels
 
 
 def read_state(spark: SparkSession, generation: Generation,
@@ -116,7 +122,7 @@ def migrate_state(state: pd.DataFrame, old_n: int, new_n: int, routing: dict[str
 
 
 def _merge_duplicate_keys(perkey: pd.DataFrame) -> pd.DataFrame:
-    from .processor import KeyWindows
+    from rebalance.streaming.processor import KeyWindows
 
     rows = []
     for _, group in perkey.groupby("key", sort=False):

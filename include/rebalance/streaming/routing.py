@@ -2,7 +2,7 @@
 
 An event's instance is ``F(k) = routing[k]`` when the key is in the current
 assignment's routing table, else its default instance
-``h(k) = group_instances(N)[pmod(hash(key), 4096)]`` (:mod:`rebalance.placement`).
+``h(k) = group_instances(N)[pmod(hash(key), 4096)]`` (:mod:`rebalance.core.placement`).
 
 The stateful operator groups by a *label* rather than by the instance: Spark
 puts a grouping value ``v`` in shuffle partition ``pmod(hash(v), N)``, so the
@@ -18,7 +18,7 @@ from functools import lru_cache
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ..placement import DEFAULT_KEY_GROUPS, group_instances, spark_hash_int
+from rebalance.core.placement import DEFAULT_KEY_GROUPS, group_instances, spark_hash_int
 
 #: Labels are searched among the first ints; 64 * N is always enough in practice.
 _LABEL_SEARCH_FACTOR = 64

@@ -1,0 +1,202 @@
+"""Data-quality gate for plans, with Great Expectations 1.x.
+
+A plan is checked as data before it may be published or applied:
+
+* per key (the assignment frame: key, instance, current, default, load, state,
+  moved): every key exactly once, no nulls, instances in [0, N), none on a
+  drained instance, ``moved`` consistent with ``instance != current``, the
+  expected number of keys;
+* per plan (one row of reported and recomputed metrics): predicted imbalance
+  <= 1 + theta, migration within the budget, table size within the bound, and
+  every reported metric equal to the one recomputed from the assignment
+  itself, so a corrupted or tampered plan cannot pass on its own word.
+
+Pure pandas + GX: no Spark, no Airflow.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rebalance.core.records import FRAME_COLUMNS
+
+ASSIGNMENT_COLUMNS = FRAME_COLUMNS
+_ROUND = 9  # digits compared when checking reported against recomputed metrics
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    """The bounds a plan must meet (the parameters it was planned with)."""
+
+    n_instances: int
+    theta: float
+    expected_keys: int
+    max_table: int | None = None
+    budget_bytes: float | None = None
+    budget_keys: int | None = None
+    drain: tuple[int, ...] = ()
+
+
+@dataclass
+class ValidationResult:
+    success: bool
+    failures: list[str] = field(default_factory=list)
+    statistics: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        if self.success:
+            return f"plan valid ({self.statistics.get('evaluated_expectations', 0)} expectations)"
+        return "plan rejected: " + "; ".join(self.failures)
+
+
+def recompute_metrics(frame: pd.DataFrame, n_instances: int, drain=()) -> dict[str, float]:
+    """Metrics of the assignment frame, from its columns alone."""
+    load = frame["load"].to_numpy(dtype=np.float64)
+    state = frame["state"].to_numpy(dtype=np.float64)
+    inst = frame["instance"].to_numpy()
+    inside = (inst >= 0) & (inst < n_instances)
+    loads = np.bincount(inst[inside].astype(np.int64), weights=load[inside], minlength=n_instances)
+    active = n_instances - len(set(drain))
+    total = float(load.sum())
+    moved = frame["instance"].to_numpy() != frame["current"].to_numpy()
+    total_state = float(state.sum())
+    return {
+        "imbalance_after": float(loads.max()) / (total / active) if total > 0 else 1.0,
+        "migration_bytes": float(state[moved].sum()),
+        "migration_fraction": float(state[moved].sum()) / total_state if total_state > 0 else 0.0,
+        "moved_keys": int(moved.sum()),
+        "table_size": int((frame["instance"].to_numpy() != frame["default"].to_numpy()).sum()),
+    }
+
+
+@lru_cache(maxsize=1)
+def _context():
+    # GX logs its plugin registry at INFO on first use: hundreds of lines per task log.
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
+    source = ctx.data_sources.add_pandas("plans")
+    return ctx, {
+        name: source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
+        for name in ("assignment", "plan_metrics")
+    }
+
+
+def _run(asset: str, suite_name: str, expectations: list, frame: pd.DataFrame):
+    import great_expectations as gx
+
+    ctx, batches = _context()
+    try:
+        ctx.suites.delete(suite_name)
+    except Exception:  # noqa: BLE001 - absent suite: nothing to delete
+        pass
+    suite = ctx.suites.add(gx.ExpectationSuite(name=suite_name, expectations=expectations))
+    return batches[asset].get_batch(batch_parameters={"dataframe": frame}).validate(suite)
+
+
+def _assignment_expectations(limits: PlanLimits) -> list:
+    import great_expectations.expectations as gxe
+
+    exps = [gxe.ExpectTableRowCountToEqual(value=limits.expected_keys)]
+    exps += [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in ASSIGNMENT_COLUMNS]
+    exps += [
+        gxe.ExpectColumnValuesToBeUnique(column="key"),
+        gxe.ExpectColumnValuesToBeBetween(column="instance", min_value=0,
+                                          max_value=limits.n_instances - 1),
+        gxe.ExpectColumnPairValuesToBeEqual(column_A="moved", column_B="moved_recomputed"),
+    ]
+    if limits.drain:
+        exps.append(gxe.ExpectColumnValuesToNotBeInSet(column="instance",
+                                                       value_set=list(limits.drain)))
+    return exps
+
+
+def _metric_expectations(limits: PlanLimits) -> list:
+    import great_expectations.expectations as gxe
+
+    exps = [
+        gxe.ExpectColumnValuesToBeBetween(column="imbalance_after", min_value=0,
+                                          max_value=round(1.0 + limits.theta, _ROUND)),
+    ]
+    if limits.max_table is not None:
+        exps.append(gxe.ExpectColumnValuesToBeBetween(column="table_size", min_value=0,
+                                                      max_value=limits.max_table))
+    if limits.budget_bytes is not None:
+        exps.append(gxe.ExpectColumnValuesToBeBetween(column="migration_bytes", min_value=0,
+                                                      max_value=limits.budget_bytes))
+    if limits.budget_keys is not None:
+        exps.append(gxe.ExpectColumnValuesToBeBetween(column="moved_keys", min_value=0,
+                                                      max_value=limits.budget_keys))
+    for name in ("imbalance_after", "migration_bytes", "moved_keys", "table_size"):
+        exps.append(gxe.ExpectColumnPairValuesToBeEqual(
+            column_A=name, column_B=f"{name}_recomputed"))
+    return exps
+
+
+def expectation_results(suite: str, result) -> list[dict[str, Any]]:
+    """Every expectation of a GX validation result: suite, type, arguments, success and
+    what was seen (stored with the plan, shown by the Rebalance view)."""
+    out = []
+    for r in result.results:
+        cfg = r.expectation_config
+        detail = r.result or {}
+        seen = detail.get("partial_unexpected_list") or detail.get("observed_value")
+        out.append({
+            "suite": suite, "expectation": cfg.type, "success": bool(r.success),
+            "kwargs": {k: v for k, v in cfg.kwargs.items() if k != "batch_id"},
+            "unexpected_count": detail.get("unexpected_count"),
+            "seen": seen[:5] if isinstance(seen, list) else seen,
+        })
+    return out
+
+
+def _describe(result) -> list[str]:
+    out = []
+    for r in result.results:
+        if r.success:
+            continue
+        cfg = r.expectation_config
+        kwargs = {k: v for k, v in cfg.kwargs.items() if k != "batch_id"}
+        detail = r.result or {}
+        seen = detail.get("partial_unexpected_list") or detail.get("observed_value")
+        count = detail.get("unexpected_count")
+        where = f" ({count} unexpected, e.g. {seen[:5] if isinstance(seen, list) else seen})" \
+            if count else (f" (observed {seen})" if seen is not None else "")
+        out.append(f"{cfg.type} {kwargs}{where}")
+    return out
+
+
+def validate_plan(frame: pd.DataFrame, metrics: dict[str, Any], limits: PlanLimits) -> ValidationResult:
+    """Validate an assignment frame and its reported metrics against the limits."""
+    missing = [c for c in ASSIGNMENT_COLUMNS if c not in frame.columns]
+    if missing:
+        return ValidationResult(False, [f"assignment frame lacks columns {missing}"])
+    frame = frame.loc[:, list(ASSIGNMENT_COLUMNS)].copy()
+    frame["moved_recomputed"] = frame["instance"] != frame["current"]
+    recomputed = recompute_metrics(frame.dropna(), limits.n_instances, limits.drain)
+    row: dict[str, Any] = {}
+    for name, value in recomputed.items():
+        reported = metrics.get(name)
+        row[name] = round(float(reported), _ROUND) if reported is not None else np.nan
+        row[f"{name}_recomputed"] = round(float(value), _ROUND)
+    plan_row = pd.DataFrame([row])
+    results = [
+        _run("assignment", "plan_assignment", _assignment_expectations(limits), frame),
+        _run("plan_metrics", "plan_metrics", _metric_expectations(limits), plan_row),
+    ]
+    stats = {"evaluated_expectations": sum(r.statistics["evaluated_expectations"] for r in results),
+             "unsuccessful_expectations": sum(r.statistics["unsuccessful_expectations"]
+                                              for r in results)}
+    stats["expectations"] = [e for suite, r in zip(("assignment", "plan_metrics"), results)
+                             for e in expectation_results(suite, r)]
+    failures = [f for r in results for f in _describe(r)]
+    return ValidationResult(not failures, failures, stats)

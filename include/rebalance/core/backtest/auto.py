@@ -1,0 +1,99 @@
+"""How ``auto`` picks among backtested candidates (:mod:`rebalance.core.backtest`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from rebalance.core.backtest.history import Policy
+from rebalance.core.forecast import LoadModel, detect_period, history_needed
+
+# ------------------------------------------------------------------ auto
+#: Load models auto tries (with W = what each reads); seasonal ones are added when the
+#: history holds two periods (see :func:`default_candidates`).
+AUTO_MODELS = ("mean:windows=1", "ewm:halflife=2,windows=8", "robust:windows=3",
+               "robust:windows=7", "robust:windows=14")
+#: theta_plan values auto tries, as fractions of theta.
+AUTO_HEADROOM = (1.0, 0.5)
+#: Seasonal periods (windows) auto tries when the history holds two of them, beside the
+#: period detected in the windows themselves (:func:`rebalance.core.forecast.detect_period`).
+AUTO_PERIODS = (7, 24)
+
+
+def default_candidates(theta: float, n_windows: int, n_keys: int | None = None,
+                       method: str = "mixed", loads=None) -> list[Policy]:
+    """The policies auto compares: :data:`AUTO_MODELS` whose history leaves at least half
+    of ``n_windows`` to judge on (and a seasonal model per period of
+    :data:`AUTO_PERIODS`, and the period detected in ``loads`` (W x K, the windows before
+    the choice), that the windows cover twice), each at :data:`AUTO_HEADROOM`."""
+    models = [LoadModel.parse(m) for m in AUTO_MODELS]
+    periods = list(AUTO_PERIODS)
+    found = None if loads is None else detect_period(loads)
+    if found is not None and found not in periods:
+        periods.append(found)
+    for p in periods:
+        if n_windows >= 2 * p + 2:
+            models.append(LoadModel("seasonal", windows=p, period=p))
+    out = []
+    for m in models:
+        need = history_needed(m)
+        if need > 1 and need > n_windows // 2:
+            continue
+        for f in AUTO_HEADROOM:
+            out.append(Policy.of(m, theta_plan=None if f == 1.0 else theta * f, method=method))
+    return out
+
+
+MAX_MIGRATION_RATIO = 1.5
+
+
+def _today(policies: Sequence[Policy], theta: float) -> int | None:
+    """Index of today's planning (mean of the last window, at theta) among ``policies``."""
+    for i, p in enumerate(policies):
+        m = p.load_model
+        if (m.name == "mean" and m.windows == 1 and p.method == "mixed"
+                and (p.theta_plan is None or abs(p.theta_plan - theta) <= 1e-12)):
+            return i
+    return None
+
+
+def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
+          share_slack: float = 0.05, min_gain: float = 0.0,
+          migration_cap: float | None = None) -> tuple[int | None, str]:
+    """Index of the chosen candidate row (None: stay) and why.
+
+    Candidates whose share within 1 + theta reaches ``target`` are near-best, else
+    those within ``share_slack`` of the best share and within theta / 8 of the lowest
+    mean imbalance among them; of those the least migration wins (ties: lower mean
+    imbalance). The choice stands only if its mean realised imbalance beats staying's by
+    ``min_gain``. Candidates migrating more than ``migration_cap`` per step are left out
+    (unless that leaves none)."""
+    if table.empty:
+        return None, "no candidate could be backtested"
+    capped = ""
+    if migration_cap is not None:
+        cheap = table[table["migration_per_step"] <= migration_cap + 1e-12]
+        if len(cheap) < len(table):
+            capped = (f"; {len(table) - len(cheap)} candidate(s) migrating more than "
+                      f"{migration_cap:.2%} per step ({MAX_MIGRATION_RATIO:g}x today's "
+                      "planning) left out")
+        table = cheap if len(cheap) else table
+    best_share = float(table["share_within"].max())
+    reach = table[table["share_within"] >= target - 1e-12]
+    if len(reach):
+        near = reach
+    else:
+        near = table[table["share_within"] >= best_share - share_slack - 1e-12]
+        near = near[near["mean_imbalance"] <= float(near["mean_imbalance"].min()) + theta / 8]
+    row = near.sort_values(["migration_per_step", "mean_imbalance"], kind="stable").iloc[0]
+    idx = int(row.name)
+    if math.isfinite(stay_mean) and not row.mean_imbalance < stay_mean - min_gain:
+        return None, (f"plans made on these windows do not hold: backtested realised "
+                      f"{row.mean_imbalance:.3f} ({row.policy}) vs {stay_mean:.3f} staying")
+    versus = f" vs {stay_mean:.3f} staying" if math.isfinite(stay_mean) else ""
+    return idx, (f"{row.policy}: {row.share_within:.0%} of {int(row.windows)} backtested windows "
+                 f"within 1 + theta = {1 + theta:g} (best candidate {best_share:.0%}), mean "
+                 f"realised {row.mean_imbalance:.3f}{versus}, migration "
+                 f"{row.migration_per_step:.2%} per step{capped}")

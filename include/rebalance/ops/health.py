@@ -1,0 +1,163 @@
+"""The service's health in three lines (``make status``): is the DAG paused, is the job
+writing windows, and how did the last run end.
+
+* ``dag``: paused or not, through Airflow's REST API (a paused DAG plans nothing, and
+  nothing else says so);
+* ``job``: the age of the newest window in ``key_histograms``, read from the Delta log's
+  file statistics (the newest commits only: no Spark, no table scan, the same cost on day
+  1 and day 300);
+* ``last run``: the newest run of the ``rebalance`` DAG, its state, and for a run that
+  skipped, the reason its task logged.
+
+Each line says what it could not find out instead of failing: ``make status`` also runs
+while the service is half up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+#: The newest commits of the log read for the newest window: every micro-batch of the job
+#: is one commit, so the newest window is in the last few.
+NEWEST_COMMITS = 20
+
+
+def newest_window(table: Path, newest: int = NEWEST_COMMITS
+                  ) -> tuple[dt.datetime | None, float | None]:
+    """The largest ``window_start`` written in the table's newest commits (from the
+    ``add`` actions' statistics) and the window length the job recorded with that commit
+    (its ``window_seconds`` commit metadata); (None, None) without table or statistics."""
+    log = table / "_delta_log"
+    try:
+        commits = sorted((p for p in log.iterdir()
+                          if p.suffix == ".json" and p.stem.isdigit()), reverse=True)
+    except OSError:
+        return None, None
+    best: dt.datetime | None = None
+    seconds: float | None = None
+    for path in commits[:newest]:
+        try:
+            actions = [json.loads(line) for line in path.read_text().splitlines() if line]
+        except (OSError, ValueError):
+            continue
+        meta = next((a["commitInfo"].get("userMetadata") for a in actions
+                     if isinstance(a, dict) and isinstance(a.get("commitInfo"), dict)), None)
+        for action in actions:
+            add = action.get("add") if isinstance(action, dict) else None
+            try:
+                stats = json.loads(add["stats"]) if add and add.get("stats") else {}
+                top = _instant(stats["maxValues"]["window_start"])
+            except (ValueError, TypeError, KeyError):
+                continue
+            if best is None or top > best:
+                best, seconds = top, _window_seconds(meta)
+    return best, seconds
+
+
+def _window_seconds(meta: Any) -> float | None:
+    try:
+        value = json.loads(meta).get("window_seconds") if meta else None
+        return float(value) if value else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _instant(text: str) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+def job_line(tables: Path, running: bool | None, window_seconds: float | None = None,
+             now: dt.datetime | None = None) -> str:
+    """The job's line: running or not (None: not known here), and when its newest window
+    closed (``window_seconds``: if the commits do not record it)."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    state = {True: "running; ", False: "NOT running; ", None: ""}[running]
+    top, recorded = newest_window(tables / "key_histograms")
+    if top is None:
+        return f"{state}no window written yet"
+    closed = top + dt.timedelta(seconds=recorded or window_seconds or 0)
+    age = (now - closed).total_seconds()
+    return (f"{state}newest window {top:%Y-%m-%d %H:%M:%S} UTC, closed {_ago(age)} "
+            "(event time)")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 0:
+        return "in the future"
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def dag_text(is_paused: bool | None) -> str:
+    """The DAG's line: paused or not (None: not registered yet)."""
+    if is_paused is None:
+        return "not parsed yet (the dag-processor registers it within a minute)"
+    return ("PAUSED: nothing is scheduled; unpause it in the UI or run `make up`" if is_paused
+            else "active (unpaused)")
+
+
+def run_text(run_id: str | None, state: Any, ended: Any = None) -> str:
+    """The last run's line: its id, state and end (None: no run yet)."""
+    if run_id is None:
+        return "none yet"
+    ended = ended.strftime("%Y-%m-%d %H:%M:%S UTC") if isinstance(ended, dt.datetime) else ended
+    return f"{run_id}: {state}" + (f", ended {ended}" if ended else "")
+
+
+def dag_lines(api: Any, dag_id: str) -> list[tuple[str, str]]:
+    """The DAG's line and the last run's, from Airflow's REST API (``api``:
+    :class:`rebalance.ops.airflow_client.AirflowClient`)."""
+    from rebalance.ops.airflow_client import AirflowError
+
+    try:
+        dag = api.get(f"/api/v2/dags/{dag_id}")
+    except AirflowError as exc:
+        if exc.status == 404:
+            return [("dag", dag_text(None))]
+        return [("dag", f"unknown: {exc}")]
+    lines = [("dag", dag_text(bool(dag.get("is_paused"))))]
+    try:
+        runs = api.get(f"/api/v2/dags/{dag_id}/dagRuns?order_by=-run_after&limit=1")["dag_runs"]
+    except (AirflowError, KeyError) as exc:
+        return lines + [("last run", f"unknown: {exc}")]
+    if not runs:
+        return lines + [("last run", run_text(None, None))]
+    run = runs[0]
+    text = run_text(run["dag_run_id"], run["state"], run.get("end_date"))
+    if run["state"] == "success":
+        try:
+            tis = api.task_instances(dag_id, run["dag_run_id"])
+            if tis.get("apply", {}).get("state") == "success":
+                text += "; a plan was applied"
+            else:
+                reasons = api.skip_reasons(dag_id, run["dag_run_id"], tis)
+                if reasons:
+                    task, reason = next(iter(reasons.items()))
+                    text += f"; skipped at {task}: {reason}"
+        except AirflowError:
+            pass
+    return lines + [("last run", text)]
+
+
+def service_lines(service: Any, states: dict[str, str], dag_id: str) -> list[tuple[str, str]]:
+    """``make status``'s health lines for a :class:`rebalance.ops.service.Service` whose
+    components are in ``states`` (name -> "running ..." / "stopped" / "dead ...")."""
+    from rebalance.ops.airflow_client import AirflowClient, AirflowError
+
+    job = ("job", job_line(service.s.data / "tables",
+                           states.get("job", "").startswith("running"), service.s.window_seconds))
+    if not states.get("api-server", "").startswith("running"):
+        return [("dag", "unknown: the api-server is not running"), job]
+    try:
+        api = AirflowClient(service.s.api_url, *service.login(), timeout=10)
+    except AirflowError as exc:
+        return [("dag", f"unknown: {exc}"), job]
+    dag, *last = dag_lines(api, dag_id)
+    return [dag, job, *last]

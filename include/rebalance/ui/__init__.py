@@ -1,0 +1,1 @@
+"""The Rebalance view's pages (the Airflow plugin in ``plugins/`` serves them)."""

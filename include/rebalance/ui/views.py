@@ -1,0 +1,225 @@
+"""What the Rebalance view shows, as plain data: read-only, one function a page.
+
+The Airflow plugin (``plugins/rebalance_view.py``) renders these dicts as HTML and
+serves them as JSON under ``/rebalance/api``; scripts can call them directly. Each
+function takes a Spark session (in the service: the Spark Connect client of the
+control plane) and reads the Delta tables through :mod:`rebalance.spark.tables` and
+:class:`~rebalance.spark.plan_store.PlanStore`; nothing here writes.
+
+>>> plans(spark)[0]["status"]                     # doctest: +SKIP
+'verified'
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from rebalance.core.records import PlanRecord
+from rebalance.spark import tables
+from rebalance.spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
+
+#: Columns of the plan history, in display order.
+PLAN_COLUMNS = (
+    "plan_id", "status", "method", "run_type", "created_at", "imbalance_before",
+    "predicted_imbalance", "backtested_imbalance", "staying_imbalance", "realised_imbalance",
+    "theta", "theta_plan", "load_model", "migration_fraction", "migration_bytes",
+    "moved_keys", "table_size", "lower_bound_migration_fraction", "base_assignment_version",
+    "assignment_version", "dag_id", "run_id")
+
+
+class NotFound(LookupError):
+    """No plan with that id."""
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, (dt.datetime, dt.date)) else value
+
+
+def plan_row(record: PlanRecord) -> dict[str, Any]:
+    """One line of the plan history."""
+    m = record.metrics
+    bt = record.backtest
+    return {
+        "plan_id": record.plan_id, "status": record.status, "method": record.method,
+        "run_type": record.run_type, "dag_id": record.dag_id, "run_id": record.run_id,
+        "apply_mode": record.apply_mode,
+        "created_at": _iso(record.created_at), "updated_at": _iso(record.updated_at),
+        "data_interval_start": _iso(record.data_interval_start),
+        "data_interval_end": _iso(record.data_interval_end),
+        "imbalance_before": m.get("imbalance_before"),
+        "predicted_imbalance": record.predicted_imbalance,
+        "backtested_imbalance": bt.get("planned"),
+        "staying_imbalance": bt.get("staying"),
+        "realised_imbalance": record.realised_imbalance,
+        "theta": record.params.get("theta"),
+        "theta_plan": bt.get("theta_plan"),
+        "load_model": bt.get("load_model"),
+        "backtest": bt,
+        "migration_fraction": m.get("migration_fraction"),
+        "migration_bytes": m.get("migration_bytes"),
+        "moved_keys": m.get("moved_keys"), "table_size": m.get("table_size"),
+        "lower_bound_migration_fraction": m.get("lower_bound_migration_fraction"),
+        "lower_bound_migration_bytes": m.get("lower_bound_migration_bytes"),
+        "base_assignment_version": record.base_assignment_version,
+        "assignment_version": record.assignment_version,
+        "reasons": list(record.reasons),
+    }
+
+
+def plans(spark, limit: int = 200) -> list[dict[str, Any]]:
+    """The plan history, newest first."""
+    records = sorted(PlanStore(spark).plans(),
+                     key=lambda r: r.created_at or dt.datetime.min.replace(tzinfo=dt.timezone.utc),
+                     reverse=True)
+    return [plan_row(r) for r in records[:limit]]
+
+
+def plan(spark, plan_id: str) -> dict[str, Any]:
+    """One plan: its history line, instance loads before and after, the moved keys with
+    their state, the validation result (every expectation), the verification, and the
+    Delta commits behind it (plans, plan_assignments, assignments)."""
+    store = PlanStore(spark)
+    record = store.get(plan_id)
+    if record is None:
+        raise NotFound(f"no plan {plan_id!r}")
+    frame = store.frame(plan_id)
+    n = int(record.inputs.get("n_instances") or (frame[["instance", "current"]].max().max() + 1))
+    before = frame.groupby("current")["load"].sum().reindex(range(n), fill_value=0.0)
+    after = frame.groupby("instance")["load"].sum().reindex(range(n), fill_value=0.0)
+    moved = frame[frame["moved"]].sort_values("state", ascending=False)
+    return {
+        **plan_row(record),
+        "params": record.params,
+        "inputs": {k: v for k, v in record.inputs.items() if k != "windows"},
+        "windows": record.inputs.get("windows", []),
+        "metrics": record.metrics,
+        "instance_loads": {"instance": list(range(n)), "before": [float(x) for x in before],
+                           "after": [float(x) for x in after]},
+        "moved": [{"key": str(r.key), "from": int(r.current), "to": int(r.instance),
+                   "load": float(r.load), "state_bytes": float(r.state)}
+                  for r in moved.itertuples()],
+        "validation": record.validation,
+        "verification": {k: _iso(v) for k, v in record.verification.items()},
+        "commits": commits(spark, plan_id),
+    }
+
+
+def commits(spark, plan_id: str) -> list[dict[str, Any]]:
+    """The Delta commits that name the plan, oldest first, across its tables."""
+    out = []
+    for table in (PLANS, PLAN_ASSIGNMENTS, tables.ASSIGNMENTS):
+        if not tables.exists(spark, table):
+            continue
+        for c in tables.history(spark, table):
+            if c.metadata.get("plan_id") == plan_id:
+                out.append({"table": table.name, "version": int(c.version),
+                            "timestamp": _iso(c.timestamp), "operation": c.operation,
+                            "action": c.metadata.get("action"), "userMetadata": c.metadata})
+    return sorted(out, key=lambda c: (c["timestamp"] or "", c["table"], c["version"]))
+
+
+def assignments(spark) -> list[dict[str, Any]]:
+    """Every published assignment version, newest first; the live one is marked."""
+    if not tables.exists(spark, tables.ASSIGNMENTS):
+        return []
+    history = tables.assignment_history(spark)
+    live = max((int(c.version) for c in history), default=None)
+    return [{"version": int(c.version), "timestamp": _iso(c.timestamp), "live": int(c.version) == live,
+             "action": c.metadata.get("action"), "plan_id": c.metadata.get("plan_id"),
+             "run_id": c.metadata.get("run_id"), "method": c.metadata.get("method"),
+             "apply_mode": c.metadata.get("apply_mode"),
+             "routing_keys": c.metadata.get("routing_keys", c.metadata.get("table_size")),
+             "n_instances": c.metadata.get("n_instances")}
+            for c in history]
+
+
+def instance_loads(spark, windows: int = 30) -> dict[str, Any]:
+    """Instance loads over the latest ``windows`` windows (for the chart), with the
+    imbalance (max / mean) of each window and the assignment version it ran under."""
+    from pyspark.sql import functions as F
+
+    if not tables.exists(spark, tables.INSTANCE_HISTOGRAMS):
+        return {"windows": [], "instances": [], "loads": [], "imbalance": [], "versions": []}
+    df = tables.read(spark, tables.INSTANCE_HISTOGRAMS)
+    latest = [r[0] for r in df.select("window_start").distinct()
+              .orderBy(F.col("window_start").desc()).limit(windows).collect()]
+    if not latest:
+        return {"windows": [], "instances": [], "loads": [], "imbalance": [], "versions": []}
+    pdf = (df.where(F.col("window_start") >= F.lit(min(latest)))
+           .groupBy("window_start", "instance")
+           .agg(F.sum("load").alias("load"), F.max("assignment_version").alias("version"))
+           .toPandas())
+    table = pdf.pivot_table(index="window_start", columns="instance", values="load",
+                            aggfunc="sum", fill_value=0.0).sort_index()
+    versions = pdf.groupby("window_start")["version"].max().reindex(table.index)
+    mean = table.mean(axis=1).where(lambda s: s > 0)
+    return {
+        "windows": [_iso(w.to_pydatetime()) for w in table.index],
+        "instances": [int(c) for c in table.columns],
+        "loads": [[float(x) for x in row] for row in table.to_numpy()],
+        "imbalance": [None if m != m else float(x) for x, m in zip(table.max(axis=1) / mean, mean)],
+        "versions": [int(v) for v in versions],
+    }
+
+
+def realised_imbalance(spark, windows: int = 60) -> dict[str, Any]:
+    """Realised imbalance of the latest ``windows`` windows against the bound ``1 + theta``.
+
+    Per window (oldest first): the imbalance (max / mean instance load over the job's N
+    instances, an instance without rows counting 0) from ``instance_histograms`` (the
+    job's per-instance loads; ``key_histograms`` summed per instance where the job wrote
+    no instance rows), the assignment version it ran under, and the ``theta`` of the plan
+    that made that version live (``default_theta`` for versions no plan made: the first
+    one, and versions restored after a failed restart). ``checks``: every plan's verify
+    result (realised imbalance, its first verified window, status).
+    """
+    from pyspark.sql import functions as F
+
+    from rebalance.control.params import RunParams
+
+    default_theta = RunParams().theta
+    empty = {"windows": [], "imbalance": [], "versions": [], "theta": [],
+             "default_theta": default_theta, "checks": []}
+    if not tables.exists(spark, tables.ASSIGNMENTS):
+        return empty
+    if tables.exists(spark, tables.INSTANCE_HISTOGRAMS):
+        df, load = tables.read(spark, tables.INSTANCE_HISTOGRAMS), "load"
+    elif tables.exists(spark, tables.KEY_HISTOGRAMS):
+        df, load = tables.read(spark, tables.KEY_HISTOGRAMS), "cost"
+    else:
+        return empty
+    latest = [r[0] for r in df.select("window_start").distinct()
+              .orderBy(F.col("window_start").desc()).limit(windows).collect()]
+    if not latest:
+        return empty
+    pdf = (df.where(F.col("window_start") >= F.lit(min(latest)))
+           .groupBy("window_start", "instance")
+           .agg(F.sum(load).alias("load"), F.max("assignment_version").alias("version"))
+           .toPandas())
+    n = tables.assignments_n_instances(spark)
+    table = pdf.pivot_table(index="window_start", columns="instance", values="load",
+                            aggfunc="sum", fill_value=0.0).sort_index()
+    table = table.reindex(columns=sorted(set(range(n)) | set(table.columns)), fill_value=0.0)
+    versions = pdf.groupby("window_start")["version"].max().reindex(table.index)
+    mean = table.iloc[:, :n].sum(axis=1) / max(n, 1)
+    records = {r.plan_id: r for r in PlanStore(spark).plans()} if tables.exists(spark, PLANS) \
+        else {}
+    theta_of = {int(c.version): float(records[c.metadata["plan_id"]].params["theta"])
+                for c in tables.assignment_history(spark)
+                if c.metadata.get("action") != "rollback"
+                and c.metadata.get("plan_id") in records
+                and "theta" in records[c.metadata["plan_id"]].params}
+    checks = [{"plan_id": r.plan_id, "status": r.status, "realised": r.realised_imbalance,
+               "window": (r.verification.get("windows") or [None])[0],
+               "theta": r.params.get("theta"), "limit": r.verification.get("limit")}
+              for r in records.values() if r.realised_imbalance is not None]
+    return {
+        "windows": [_iso(w.to_pydatetime()) for w in table.index],
+        "imbalance": [None if not m > 0 else float(x / m)
+                      for x, m in zip(table.max(axis=1), mean)],
+        "versions": [int(v) for v in versions],
+        "theta": [theta_of.get(int(v), default_theta) for v in versions],
+        "default_theta": default_theta,
+        "checks": sorted(checks, key=lambda c: c["window"] or ""),
+    }
