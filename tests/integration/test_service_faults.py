@@ -174,13 +174,13 @@ DOUBLE_TRIGGER_RUNS = ("manual__double-trigger-1", "manual__double-trigger-2")
 
 
 @pytest.fixture(scope="module")
-def double_trigger(quiet, api) -> dict:
+def double_trigger(service, api) -> dict:
     """Two identical triggers at once (a double click) on the default placement, which the
     seed 004 trigger rules plan on without ``force``; the run that goes first has the
     Airflow task process of its ``publish`` killed with ``kill -9`` right after the commit
     to ``plans``. Returns what the two tests below check: the runs' ends, task instances,
     plans and the publish commits."""
-    service = quiet
+    service.quiet()  # no scheduled run: the runs are the scenario's own
     service.restore_default_placement()
     live = [dt.datetime.fromisoformat(p["updated_at"]).timestamp() for p in api.plans()
             if p["status"] in ("applied", "verified", "diverged")]
