@@ -35,30 +35,30 @@ of plans take seconds.
 """
 
 from rebalance.core.backtest.auto import (
-           AUTO_HEADROOM,
-           AUTO_MODELS,
-           AUTO_PERIODS,
-           MAX_MIGRATION_RATIO,
-           default_candidates,
+    AUTO_HEADROOM,
+    AUTO_MODELS,
+    AUTO_PERIODS,
+    MAX_MIGRATION_RATIO,
+    default_candidates,
 )
 from rebalance.core.backtest.engine import (
-           STEP_COLUMNS,
-           SUMMARY_COLUMNS,
-           BacktestResult,
-           backtest,
-           given_forecasts,
-           headroom_grid,
-           window_imbalance,
+    STEP_COLUMNS,
+    SUMMARY_COLUMNS,
+    BacktestResult,
+    backtest,
+    given_forecasts,
+    headroom_grid,
+    window_imbalance,
 )
 from rebalance.core.backtest.gate import Calibration, Choice, Holdout, calibrate, choose, holds
 from rebalance.core.backtest.history import (
-           BACKTEST_TIME_LIMIT,
-           BASELINES,
-           HEADROOM_FRACTIONS,
-           ORACLE_WINDOWS,
-           BacktestError,
-           Policy,
-           WindowHistory,
+    BACKTEST_TIME_LIMIT,
+    BASELINES,
+    HEADROOM_FRACTIONS,
+    ORACLE_WINDOWS,
+    BacktestError,
+    Policy,
+    WindowHistory,
 )
 from rebalance.core.forecast import LoadModelError
 from rebalance.core.model import PlanningError
