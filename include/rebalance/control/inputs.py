@@ -128,7 +128,7 @@ def windows_check(args: Mapping[str, Any]) -> dict[str, Any]:
     events = int(sum(w["events"] for w in valid))
     if events < p.min_events:
         raise RunSkipped(f"too few events: {events} in {len(valid)} windows of {where}, "
-                         f"{p.min_events} required (seed 004 M)")
+                         f"{p.min_events} required (param min_events)")
     # A backfill replans the past: against the assignment that was live in its windows.
     base = max(w["assignment_version"] for w in valid) if run.is_backfill else live_version
     inputs = {
