@@ -92,6 +92,16 @@ def test_the_waits_poll_and_retry_delay_come_from_the_environment_or_the_default
     monkeypatch.setenv("REBALANCE_RETRY_DELAY_SECONDS", "-5")
     with pytest.raises(ValueError, match="REBALANCE_RETRY_DELAY_SECONDS must be .*'-5'"):
         inputs.retry_delay_seconds()
+    # the job's staleness limit reads the same way, and apply refuses a bad one
+    from rebalance.control import rollout
+    from rebalance.control.errors import ApplyRefused
+
+    monkeypatch.setenv("REBALANCE_JOB_STALE_SECONDS", "90")
+    assert rollout.job_stale_seconds() == 90.0
+    monkeypatch.setenv("REBALANCE_JOB_STALE_SECONDS", "0")
+    with pytest.raises(ApplyRefused, match="REBALANCE_JOB_STALE_SECONDS must be a number of "
+                                           "seconds > 0, got '0'"):
+        rollout.job_stale_seconds()
     # the service polls a few times per window, at most every 5 s
     env = airflow_env(Settings(window_seconds=5, retry_delay_seconds=5))
     assert (env["REBALANCE_WAIT_POLL_SECONDS"], env["REBALANCE_RETRY_DELAY_SECONDS"]) == (

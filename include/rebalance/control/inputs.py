@@ -149,37 +149,35 @@ def windows_check(args: Mapping[str, Any]) -> dict[str, Any]:
 WAIT_POLL_SECONDS = 5.0
 
 
+def env_seconds(name: str, default: float, valid, what: str) -> float:
+    """A number of seconds from the environment variable ``name`` (``default`` when unset
+    or empty); ``ValueError`` naming the variable, ``what`` it must be and the value given
+    when it is no number or ``valid(value)`` is false."""
+    import os
+
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = float("nan")
+    if not valid(value):  # NaN fails every comparison
+        raise ValueError(f"{name} must be {what}, got {raw!r}")
+    return value
+
+
 def wait_poll_seconds() -> float:
     """How often the DAG's waits look again (``REBALANCE_WAIT_POLL_SECONDS``, default
     :data:`WAIT_POLL_SECONDS`). The service sets a quarter of its window length, so a
     verification on windows of a few seconds is not left waiting a whole poll."""
-    import os
-
-    raw = os.environ.get("REBALANCE_WAIT_POLL_SECONDS", "")
-    try:
-        value = float(raw) if raw else WAIT_POLL_SECONDS
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 600:
-        raise ValueError(f"REBALANCE_WAIT_POLL_SECONDS must be a number of seconds in (0, 600], "
-                         f"got {raw!r}")
-    return value
+    return env_seconds("REBALANCE_WAIT_POLL_SECONDS", WAIT_POLL_SECONDS,
+                       lambda v: 0 < v <= 600, "a number of seconds in (0, 600]")
 
 
 def retry_delay_seconds() -> float:
     """How long Airflow waits before a failed task of the DAG runs again
     (``REBALANCE_RETRY_DELAY_SECONDS``, default 30)."""
-    import os
-
-    raw = os.environ.get("REBALANCE_RETRY_DELAY_SECONDS", "")
-    try:
-        value = float(raw) if raw else 30.0
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value <= 3600:
-        raise ValueError(f"REBALANCE_RETRY_DELAY_SECONDS must be a number of seconds in "
-                         f"[0, 3600], got {raw!r}")
-    return value
+    return env_seconds("REBALANCE_RETRY_DELAY_SECONDS", 30.0, lambda v: 0 <= v <= 3600,
+                       "a number of seconds in [0, 3600]")
 
 
 def windows_wait_seconds() -> float:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rebalance.control.errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
-from rebalance.control.inputs import plan_store, spark_session
+from rebalance.control.inputs import env_seconds, plan_store, spark_session
 from rebalance.control.params import AUTO_RESTART_ABOVE, unpack
 from rebalance.control.tasks import new_routing, publish, validate
 from rebalance.core.model import imbalance
@@ -99,17 +99,11 @@ def mode_for_job(apply_mode: str, migration_fraction: float | None = None,
 
 
 def job_stale_seconds() -> float:
-    import os
-
-    raw = os.environ.get("REBALANCE_JOB_STALE_SECONDS", "")
     try:
-        value = float(raw) if raw else JOB_STALE_SECONDS
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ApplyRefused(f"REBALANCE_JOB_STALE_SECONDS must be a number of seconds > 0, "
-                           f"got {raw!r}")
-    return value
+        return env_seconds("REBALANCE_JOB_STALE_SECONDS", JOB_STALE_SECONDS, lambda v: v > 0,
+                           "a number of seconds > 0")
+    except ValueError as exc:
+        raise ApplyRefused(str(exc)) from None
 
 
 def job_down_reason(spark) -> str | None:
