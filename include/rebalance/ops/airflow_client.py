@@ -8,17 +8,24 @@ unpausing of the DAG, the service benchmark and the service tests. It logs in wi
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 #: Run states after which nothing changes (Airflow 3 ``DagRunState``).
 FINISHED = ("success", "failed")
 SKIPPED = "skipped: "  # how control.errors.RunSkipped logs its reason in the task's log
+#: Answers after which a new run is asked for again (its run id makes that safe): the
+#: api-server's own failures (on its SQLite home, "database is locked" while another
+#: process holds the write lock is one) and no answer at all.
+RETRIED = (None, 500, 502, 503, 504)
+#: Seconds before each further attempt to create a run.
+TRIGGER_BACKOFF = (1.0, 3.0, 9.0)
 
 
 class AirflowError(RuntimeError):
@@ -69,19 +76,37 @@ class AirflowClient:
     # ------------------------------------------------------------------ DAG runs
     def trigger(self, dag_id: str, conf: Mapping[str, Any], run_id: str | None = None,
                 logical_date: str | None = None, data_interval: tuple[str, str] | None = None,
-                note: str | None = None) -> dict:
+                note: str | None = None,
+                backoff: Sequence[float] = TRIGGER_BACKOFF) -> dict:
         """Create a manual run; Airflow's answer (``dag_run_id``, ``state``, ...).
 
         ``logical_date`` None: a run without one (Airflow 3), its data interval "now".
+        ``run_id`` None: ``manual__<now>``, as Airflow names a manual run. The run id is
+        chosen here so that asking again is safe: an answer in :data:`RETRIED` is followed
+        by another attempt after each delay of ``backoff``, and if an earlier attempt did
+        create the run (HTTP 409 on a retry), that run is returned, so a run is created
+        once whatever the api-server answered.
         """
-        body: dict[str, Any] = {"logical_date": logical_date, "conf": dict(conf)}
-        if run_id:
-            body["dag_run_id"] = run_id
+        run_id = run_id or f"manual__{dt.datetime.now(dt.timezone.utc).isoformat()}"
+        body: dict[str, Any] = {"dag_run_id": run_id, "logical_date": logical_date,
+                                "conf": dict(conf)}
         if data_interval:
             body["data_interval_start"], body["data_interval_end"] = data_interval
         if note:
             body["note"] = note
-        return self.post(f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns", body)
+        path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns"
+        delays, retry = iter(backoff), False
+        while True:
+            try:
+                return self.post(path, body)
+            except AirflowError as exc:
+                if retry and exc.status == 409:  # an earlier attempt created it
+                    return self.run(dag_id, run_id)
+                delay = next(delays, None)
+                if exc.status not in RETRIED or delay is None:
+                    raise
+            time.sleep(delay)
+            retry = True
 
     def run(self, dag_id: str, run_id: str) -> dict:
         return self.get(_run_path(dag_id, run_id))

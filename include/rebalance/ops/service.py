@@ -47,7 +47,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rebalance.ops import processes
+from rebalance.ops import airflow_db, processes
 from rebalance.spark.java import ensure_java_home
 from rebalance.spark.paths import REPO_ROOT, data_dir, jars_dir
 
@@ -182,6 +182,7 @@ def airflow_env(s: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        **airflow_db.SETTINGS,  # SQLite's write lock is waited for 30 s, not 5 s
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{s.api_url}/execution/",
         "AIRFLOW__API__HOST": HOST,
