@@ -92,6 +92,16 @@ def test_the_waits_poll_and_retry_delay_come_from_the_environment_or_the_default
     monkeypatch.setenv("REBALANCE_RETRY_DELAY_SECONDS", "-5")
     with pytest.raises(ValueError, match="REBALANCE_RETRY_DELAY_SECONDS must be .*'-5'"):
         inputs.retry_delay_seconds()
+    # the windows wait: none by default, the service's 90 s, and a bad value named
+    monkeypatch.delenv("REBALANCE_WINDOWS_WAIT_SECONDS", raising=False)
+    assert inputs.windows_wait_seconds() == 0.0
+    monkeypatch.setenv("REBALANCE_WINDOWS_WAIT_SECONDS", "90")
+    assert inputs.windows_wait_seconds() == 90.0
+    for bad in ("-1", "a minute", "inf", "3601"):
+        monkeypatch.setenv("REBALANCE_WINDOWS_WAIT_SECONDS", bad)
+        with pytest.raises(ValueError, match=f"REBALANCE_WINDOWS_WAIT_SECONDS must be a "
+                                             f"number of seconds in \\[0, 3600\\], got {bad!r}"):
+            inputs.windows_wait_seconds()
     # the job's staleness limit reads the same way, and apply refuses a bad one
     from rebalance.control import rollout
     from rebalance.control.errors import ApplyRefused

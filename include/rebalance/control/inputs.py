@@ -185,9 +185,8 @@ def windows_wait_seconds() -> float:
     before it skips the run (``REBALANCE_WINDOWS_WAIT_SECONDS``, default 0: no wait). The
     service sets it: a scheduled run starts at the end of its interval, while the job
     writes the interval's last windows only once its watermark passed them."""
-    import os
-
-    return float(os.environ.get("REBALANCE_WINDOWS_WAIT_SECONDS", "0") or 0)
+    return env_seconds("REBALANCE_WINDOWS_WAIT_SECONDS", 0.0, lambda v: 0 <= v <= 3600,
+                       "a number of seconds in [0, 3600]")
 
 
 def _windows_text(run: RunInfo, lookback: int) -> str:
