@@ -1,8 +1,9 @@
 """
 ### Delta table maintenance of the rebalancer
 
-Manual runs by default; `REBALANCE_MAINTENANCE_SCHEDULE` (a cron expression or preset,
-e.g. `@daily`) schedules it, while the streaming job keeps appending:
+Daily at 03:00 UTC by default, while the streaming job keeps appending;
+`REBALANCE_MAINTENANCE_SCHEDULE` (a cron expression or preset, or `none` for manual runs
+only) changes it:
 
 `expire -> optimize -> vacuum -> checkpoint`
 

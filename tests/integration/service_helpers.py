@@ -370,6 +370,8 @@ def stack_settings(root: Path):
                     window_seconds=5, trigger_seconds=2, batch_seconds=5,
                     events_per_second=800, fluctuation_seconds=3600, restart_poll_seconds=2,
                     windows_wait_seconds=20, retry_delay_seconds=5,
+                    # no maintenance run at 03:00 UTC in the middle of a test
+                    maintenance_schedule="none",
                     airflow_settings=dict(AIRFLOW_TEST_SETTINGS))
 
 

@@ -180,3 +180,69 @@ def test_the_maintenance_dag_runs_every_step(spark, store, airflow_db):
     assert {"kind": "maintenance", "step": "vacuum", "table": "plans",
             "retention_hours": 168} in commits  # the history says what maintenance did
     assert Path(PLANS.path(), "_delta_log", "_last_checkpoint").is_file()
+
+
+def test_the_jobs_events_stream_runs_on_past_an_expiry_and_liveness_skips_maintenance(
+        spark, tmp_path, monkeypatch):
+    """What lets the maintenance DAG run daily beside the job:
+
+    * the job's Delta stream of ``events`` (``read_events``, as the job and a restart
+      generation build it) goes on past the DELETE that expires old events. It delivers
+      each event appended after the DELETE once, and none of the rows the DELETE rewrote
+      (they were delivered before). A plain Delta stream stops at that commit: the control
+      below shows this;
+    * a maintenance commit on ``results`` does not make a stopped job look alive."""
+    from rebalance.control import rollout
+    from rebalance.spark import tables
+    from rebalance.streaming.job import JobConfig, read_events
+
+    root = str(tmp_path / "tables")
+    monkeypatch.setenv("REBALANCE_DATA_DIR", str(tmp_path))
+    old, new = "2026-01-01T00:00:00", "2026-01-09T00:00:00"
+
+    def events(ids, when):
+        return spark.createDataFrame([(f"e{i}", f"k{i % 3}", "1", "1", when) for i in ids],
+                                     tables.EVENTS.schema)
+    # one file of old events only, one of old and new events mixed (the DELETE rewrites it)
+    tables.append(events(range(0, 4), old).unionByName(events(range(4, 8), new))
+                  .repartition(1).union(events(range(8, 12), old).coalesce(1)), tables.EVENTS,
+                  root)
+    seen: list[str] = []
+
+    def drain(reader_df, checkpoint):
+        (reader_df.writeStream.foreachBatch(
+            lambda df, _: seen.extend(r.event_id for r in df.select("event_id").collect()))
+         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+         .start().awaitTermination(120))
+
+    config = JobConfig(tables_root=root)
+    drain(read_events(spark, config), tmp_path / "cp")
+    assert sorted(seen) == sorted(f"e{i}" for i in range(12))
+    path = tables.EVENTS.path(root)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE event_time < '2026-01-05'")
+    deleted_at = tables.history(spark, tables.EVENTS, root, limit=1)[0]
+    assert deleted_at.operation == "DELETE"
+    tables.append(events(range(12, 16), new), tables.EVENTS, root)
+    seen.clear()
+    drain(read_events(spark, config), tmp_path / "cp")
+    assert sorted(seen) == [f"e{i}" for i in range(12, 16)]  # once each, nothing re-read
+    # the control: without skipping change commits, the stream stops at the DELETE
+    with pytest.raises(Exception, match="DELETE|skipChangeCommits|ignoreChanges"):
+        drain(spark.readStream.format("delta").option("startingVersion", deleted_at.version)
+              .load(path), tmp_path / "cp-plain")
+
+    # liveness: a job commit ages past the limit, then OPTIMIZE (maintenance) commits
+    monkeypatch.setenv("REBALANCE_JOB_STALE_SECONDS", "5")
+    row = [(1, 0, dt.datetime(2026, 1, 9), "k0", 0, 0, 1, 1, 1.0, 1, 1.0)]
+    for batch in (1, 2):  # two files, so that OPTIMIZE has work
+        tables.append(spark.createDataFrame(row, tables.RESULTS.schema), tables.RESULTS,
+                      metadata={"job": "keyed", "batch_id": batch})
+    assert rollout.job_down_reason(spark) is None
+    time.sleep(6)
+    spark.sql(f"OPTIMIZE {tables.sql_name(tables.RESULTS)}")
+    assert tables.history(spark, tables.RESULTS, limit=1)[0].operation == "OPTIMIZE"
+    reason = rollout.job_down_reason(spark)
+    assert reason is not None and "its last results commit is" in reason, reason
+    tables.append(spark.createDataFrame(row, tables.RESULTS.schema), tables.RESULTS,
+                  metadata={"job": "keyed", "batch_id": 3})
+    assert rollout.job_down_reason(spark) is None

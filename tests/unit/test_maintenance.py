@@ -141,13 +141,22 @@ def test_what_each_table_gets():
 
 def test_the_schedule_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv(m.SCHEDULE_ENV, raising=False)
-    assert m.schedule() is None  # manual until the job's liveness check ignores its commits
+    assert m.schedule() == "0 3 * * *"  # daily, beside the running job
     monkeypatch.setenv(m.SCHEDULE_ENV, "@daily")
     assert m.schedule() == "@daily"
-    monkeypatch.setenv(m.SCHEDULE_ENV, "0 3 * * *")
-    assert m.schedule() == "0 3 * * *"
+    monkeypatch.setenv(m.SCHEDULE_ENV, "30 1 * * *")
+    assert m.schedule() == "30 1 * * *"
     monkeypatch.setenv(m.SCHEDULE_ENV, "none")
     assert m.schedule() is None
+
+
+def test_the_service_passes_its_maintenance_schedule_to_airflow(monkeypatch, tmp_path):
+    from rebalance.ops.service import Settings, airflow_env
+
+    monkeypatch.delenv(m.SCHEDULE_ENV, raising=False)
+    where = {"data": tmp_path / "data", "airflow_home": tmp_path / "airflow"}
+    assert m.SCHEDULE_ENV not in airflow_env(Settings(**where))  # the DAG's default: daily
+    assert airflow_env(Settings(**where, maintenance_schedule="none"))[m.SCHEDULE_ENV] == "none"
 
 
 # -------------------------------------------------------------------------------- the DAG

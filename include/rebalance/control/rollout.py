@@ -106,15 +106,32 @@ def job_stale_seconds() -> float:
         raise ApplyRefused(str(exc)) from None
 
 
+#: Commits of table maintenance, which say nothing of the job: ``rebalance_maintenance``'s
+#: (its ``userMetadata`` kind) and Delta's own operations of that kind.
+MAINTENANCE_OPERATIONS = ("DELETE", "OPTIMIZE", "VACUUM START", "VACUUM END")
+#: How many of ``results``' newest commits are looked through for the job's newest.
+LIVENESS_COMMITS = 50
+
+
 def job_down_reason(spark) -> str | None:
     """Why the streaming job looks down: its newest ``results`` commit is older than
-    :func:`job_stale_seconds` (None when it is recent). A store without a ``results``
-    table (histograms written by other means, as in the DAG tests) is not checked."""
+    :func:`job_stale_seconds` (None when it is recent). Maintenance commits (expiry,
+    OPTIMIZE, VACUUM) are not the job's: a dead job does not look alive for
+    ``job_stale_seconds`` after the maintenance DAG touched ``results``. A store without a
+    ``results`` table (histograms written by other means, as in the DAG tests) is not
+    checked."""
     from rebalance.spark import tables
 
     if not tables.exists(spark, tables.RESULTS):
         return None
-    newest = tables.history(spark, tables.RESULTS, limit=1)[0].timestamp
+    # the newest commit is the job's except after a maintenance run: one read, usually
+    mine = _not_maintenance(tables.history(spark, tables.RESULTS, limit=1))
+    if not mine:
+        mine = _not_maintenance(tables.history(spark, tables.RESULTS, limit=LIVENESS_COMMITS))
+    if not mine:
+        return (f"the streaming job looks down: the newest commits of results (up to "
+                f"{LIVENESS_COMMITS}) are all table maintenance; nothing is applied")
+    newest = mine[0].timestamp
     now = spark.sql("SELECT current_timestamp() AS now").first()[0]
     age = (now - newest).total_seconds()
     limit = job_stale_seconds()
@@ -122,6 +139,13 @@ def job_down_reason(spark) -> str | None:
         return None
     return (f"the streaming job looks down: its last results commit is {age:.0f} s old "
             f"(> {limit:.0f} s, REBALANCE_JOB_STALE_SECONDS); nothing is applied")
+
+
+def _not_maintenance(commits: list) -> list:
+    """The commits that are not table maintenance (``MAINTENANCE_OPERATIONS``, or
+    ``rebalance_maintenance``'s ``userMetadata``), newest first."""
+    return [c for c in commits if c.metadata.get("kind") != "maintenance"
+            and c.operation not in MAINTENANCE_OPERATIONS]
 
 
 def job_name() -> str:

@@ -49,11 +49,10 @@ from rebalance.spark.tables import Table
 log = logging.getLogger(__name__)
 
 DAG_ID = "rebalance_maintenance"
-#: The DAG's schedule when ``REBALANCE_MAINTENANCE_SCHEDULE`` is not set: manual runs only
-#: for now. Two things must change before it runs unattended beside the job (see
-#: docs/maintenance.md): the job's Delta ``events`` stream must skip change commits, and
-#: the job's liveness check must not take a maintenance commit on ``results`` for the job's.
-DEFAULT_SCHEDULE = "none"
+#: The DAG's schedule when ``REBALANCE_MAINTENANCE_SCHEDULE`` is not set: daily at 03:00
+#: UTC, beside the running job (its Delta ``events`` stream skips change commits, and its
+#: liveness check skips maintenance commits: docs/maintenance.md).
+DEFAULT_SCHEDULE = "0 3 * * *"
 SCHEDULE_ENV = "REBALANCE_MAINTENANCE_SCHEDULE"
 #: Delta's default ``delta.deletedFileRetentionDuration``: VACUUM's safety floor, and how
 #: far back Delta 4.4 allows time travel at all.
@@ -137,9 +136,8 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
         "type": "number", "minimum": 0, "maximum": MAX_RETENTION_DAYS, "default": 0,
         "title": "Keep raw events for (days)",
         "description": "events whose event time is more than this many days before the newest "
-                       "histogram window are deleted. 0 (default): keep all. Only for a job that "
-                       "reads Kafka, or reads the events table with skipChangeCommits: a Delta "
-                       "stream stops at a DELETE commit of its source (docs/maintenance.md).",
+                       "histogram window are deleted. 0 (default): keep all. The job's Delta "
+                       "stream of events skips these deletions (docs/maintenance.md).",
     },
     "vacuum_retention_hours": {
         "type": "integer", "minimum": 1, "maximum": 24 * MAX_RETENTION_DAYS,
@@ -258,8 +256,9 @@ def policy_of(name: str) -> Policy:
 
 
 def schedule(spec: str | None = None) -> str | None:
-    """The DAG's schedule: ``spec``, else ``REBALANCE_MAINTENANCE_SCHEDULE``, else manual;
-    a cron expression or preset (``@hourly``); ``none`` for manual runs only."""
+    """The DAG's schedule: ``spec``, else ``REBALANCE_MAINTENANCE_SCHEDULE``, else
+    :data:`DEFAULT_SCHEDULE`; a cron expression or preset (``@hourly``); ``none`` for
+    manual runs only."""
     spec = (spec or os.environ.get(SCHEDULE_ENV) or DEFAULT_SCHEDULE).strip()
     return None if spec.lower() in ("none", "manual") else spec
 

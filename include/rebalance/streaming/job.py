@@ -255,10 +255,22 @@ def read_events(spark: SparkSession, config: JobConfig,
     root = config.tables_root
     if not tables.exists(spark, tables.EVENTS, root):
         raise JobError(f"no events table at {tables.EVENTS.path(root)}; generate events first")
-    reader = spark.readStream.format("delta")
+    reader = events_reader(spark)
     if config.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
     return reader.load(tables.EVENTS.path(root))
+
+
+def events_reader(spark: SparkSession):
+    """A stream reader of the Delta ``events`` table that skips change commits.
+
+    ``events`` is append-only. The only commits that remove its files are the maintenance
+    DAG's expiry of old, long-processed events (``events_retention_days``). A Delta stream
+    stops at such a commit unless it skips it. Skipping never drops a new event: an append
+    is not a change commit. Skipping also never re-reads an old one: the rows a DELETE
+    rewrites are not delivered again. OPTIMIZE commits (``dataChange`` false) are skipped
+    by any Delta stream anyway."""
+    return spark.readStream.format("delta").option("skipChangeCommits", "true")
 
 
 # --------------------------------------------------------------------------- keyed query

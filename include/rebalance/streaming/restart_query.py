@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rebalance.spark import tables
-from rebalance.streaming.job import JobConfig, keyed_stream, read_events
+from rebalance.streaming.job import JobConfig, events_reader, keyed_stream, read_events
 from rebalance.streaming.restart_checkpoint import routing_log
 from rebalance.streaming.restart_control import Generation
 from rebalance.streaming.restart_sink import GatedWriter, VersionGuard
@@ -55,8 +55,8 @@ def generation_query(spark: SparkSession, config: JobConfig, gen: Generation,
 def delta_events(spark: SparkSession, config: JobConfig, gen: Generation) -> DataFrame:
     """The Delta table ``events`` from the generation's ``startingVersion``, minus the
     files of that version the old checkpoint already processed."""
-    reader = (spark.readStream.format("delta")
-              .option("startingVersion", int(gen.source.get("starting_version", 0))))
+    reader = events_reader(spark).option("startingVersion",
+                                         int(gen.source.get("starting_version", 0)))
     if config.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", config.max_files_per_trigger)
     raw = reader.load(tables.EVENTS.path(config.tables_root))
