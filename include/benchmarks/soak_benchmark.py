@@ -27,7 +27,8 @@ the warm-up to the mean of the last five, and the noise (the standard deviation 
 samples after the warm-up, around their least-squares line); the growth is "flat" when
 it is at most three times that noise or 5 % of the first figure. Then the runs and plans,
 and the restart's figures. Exit status 1 when a component grew, no plan was verified, a
-run failed or the service did not resume.
+run failed other than by a diverged plan (whose ``verify`` fails on purpose), or the
+service did not resume.
 """
 
 from __future__ import annotations
@@ -255,8 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nDAG runs: {runs}; plans: {plans}")
     if not plans.get("verified"):
         failures.append("no plan was verified")
-    if runs.get("failed"):
-        failures.append(f"{runs['failed']} run(s) failed")
+    # a plan that does not hold fails its run's verify task on purpose (diverged): that is
+    # the service reporting a plan, not the service failing
+    if runs.get("failed", 0) > plans.get("diverged", 0):
+        failures.append(f"{runs['failed']} run(s) failed, {plans.get('diverged', 0)} of them "
+                        "at most by a diverged plan")
     print(f"crash: SIGKILL to {len(killed)} components ({', '.join(killed)}), pid records "
           f"left: {len(stale)}; up again in {restart_seconds:.0f} s (started {len(started)}); "
           f"a new window after {resumed if resumed is None else round(resumed)} s, a "

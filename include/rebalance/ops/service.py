@@ -180,6 +180,7 @@ def airflow_env(s: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "8",  # 8 forked task workers, not 32 idle (~24 MiB each)
         **airflow_db.SETTINGS,  # SQLite's write lock is waited for 30 s, not 5 s
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{s.api_url}/execution/",
