@@ -227,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         recorded = {n: r.pid for n, r in service.records().items()}
         service.down()
-        left = [n for n, pid in recorded.items() if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        left = [n for n, pid in recorded.items() if processes.running(pid)]
         if scratch is not None and not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
 
