@@ -42,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -72,19 +73,16 @@ def tree_pss(pid: int) -> int:
     return total
 
 
+def dag_runs(client: AirflowClient) -> list[dict]:
+    return client.get(f"/api/v2/dags/{DAG}/dagRuns?limit=1000")["dag_runs"]
+
+
 def run_states(client: AirflowClient) -> dict[str, int]:
-    runs = client.get(f"/api/v2/dags/{DAG}/dagRuns?limit=1000")["dag_runs"]
-    out: dict[str, int] = {}
-    for run in runs:
-        out[run["state"]] = out.get(run["state"], 0) + 1
-    return out
+    return dict(Counter(run["state"] for run in dag_runs(client)))
 
 
 def plan_statuses(client: AirflowClient) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for plan in client.plans(limit=1000):
-        out[plan["status"]] = out.get(plan["status"], 0) + 1
-    return out
+    return dict(Counter(plan["status"] for plan in client.plans(limit=1000)))
 
 
 def newest_window(service: Service) -> dt.datetime | None:
@@ -213,10 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             after = dt.datetime.now(dt.timezone.utc)
 
             def scheduled_success():
-                got = client.get(f"/api/v2/dags/{DAG}/dagRuns?limit=1000")["dag_runs"]
                 return any(r["run_type"] == "scheduled" and r["state"] == "success"
                            and r.get("start_date") and dt.datetime.fromisoformat(
-                               r["start_date"].replace("Z", "+00:00")) > after for r in got)
+                               r["start_date"].replace("Z", "+00:00")) > after
+                           for r in dag_runs(client))
             wait_for("a scheduled run that succeeds after the restart", scheduled_success, 600)
             run_after = time.monotonic() - t2
             print(f"after the restart: runs {run_states(client)}, plans {plan_statuses(client)}",
@@ -250,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{values[-1]:.0f} | {grown:+.0f} | {noise:.0f} | {'flat' if flat else 'GREW'} |")
     total = [sum(pss[n][i] for n in names) for i in judged]
     if total:
+        grown, noise = growth(total)
         print(f"| all | {total[0]:.0f} | {min(total):.0f} | {max(total):.0f} | {total[-1]:.0f} "
-              f"| {growth(total)[0]:+.0f} | {growth(total)[1]:.0f} | |")
+              f"| {grown:+.0f} | {noise:.0f} | |")
     print(f"\nDAG runs: {runs}; plans: {plans}")
     if not plans.get("verified"):
         failures.append("no plan was verified")
