@@ -31,6 +31,8 @@ from rebalance.streaming.processor import (
     STATE_KEY_BYTES,
     STATE_WINDOW_BYTES,
     KeyWindows,
+    closes_or_expires,
+    dedup_horizon,
     output_frame,
     retained,
     state_bytes,
@@ -94,6 +96,34 @@ def test_state_round_trip():
     assert KeyWindows.from_state(state.to_state(), 0, 0, 0) == state
     empty = KeyWindows.from_state(None, 3, 1, 4)
     assert (empty.key_group, empty.default_instance, empty.version, empty.windows) == (3, 1, 4, [])
+
+
+def test_a_key_is_skipped_at_a_window_close_only_when_decoding_it_would_change_nothing():
+    """closes_or_expires reads the raw state value; it must agree with what decoding the
+    key and closing the windows would do (a histogram row, a prune, a forget), on random
+    states, closing sets and watermarks, and on the older layout without event ids."""
+    rng = np.random.default_rng(3)
+    n_windows, delay = 2, W // 2
+    for _ in range(2000):
+        windows = sorted(set(int(w) * W for w in rng.integers(0, 8, rng.integers(0, 4))))
+        times = [int(t) for t in rng.integers(0, 8 * W, rng.integers(0, 3))]
+        state = KeyWindows(1, 2, 3, windows, [1] * len(windows), [1.0] * len(windows),
+                           [1.0] * len(windows), [f"e{i}" for i in range(len(times))], times)
+        watermark = int(rng.integers(0, 9 * W))
+        closing = {w: None for w in range(0, 9 * W, W) if w + W <= watermark
+                   and rng.random() < 0.7}
+        horizon = dedup_horizon(watermark, delay)
+        decoded = KeyWindows.from_state(state.to_state(), 0, 0, 0)
+        changes = bool(closing.keys() & set(decoded.windows))
+        changes |= decoded.prune(watermark, W, n_windows)
+        changes |= decoded.forget(horizon)
+        assert closes_or_expires(state.to_state(), closing, watermark - n_windows * W,
+                                 horizon) == changes, (state, watermark, sorted(closing))
+    old_layout = (1, 2, 3, [0, W], [1, 1], [1.0, 1.0], [1.0, 1.0])
+    assert not closes_or_expires(old_layout, {}, -1, 0)
+    assert closes_or_expires(old_layout, {W: None}, -1, 0)
+    assert not closes_or_expires((1, 2, 3, [W], [1], [1.0], [1.0], None, float("nan")),
+                                 {}, 0, 10 * W)
 
 
 def test_windows_to_emit_includes_later_windows_whose_sliding_aggregate_changed():
