@@ -128,7 +128,7 @@ def _exportable(value: str, watermark: int, config) -> list[dict]:
     """The states a key untouched by the export batch may be handed over with: as it was,
     or as the windows the export batch's watermark closed left it (closed windows are
     emitted, then pruned and old event ids forgotten, before the key is given away)."""
-    from rebalance.streaming.processor import KeyWindows, dedup_horizon
+    from rebalance.streaming.key_state import KeyWindows, dedup_horizon
 
     before = json.loads(value)
     state = KeyWindows(**before)

@@ -12,6 +12,7 @@ from rebalance.spark.tables import INSTANCE_HISTOGRAMS
 from rebalance.streaming import restart
 from rebalance.streaming.apps import add_job_options, add_spark_options, job_config_from_args
 from rebalance.streaming.job import JobConfig
+from rebalance.streaming.key_state import KeyWindows, dedup_horizon
 from rebalance.streaming.processor import (
     HANDOFF,
     HANDOFF_COLUMNS_DDL,
@@ -20,8 +21,6 @@ from rebalance.streaming.processor import (
     PERKEY_VALUE_DDL,
     PERWINDOW,
     PERWINDOW_VALUE_DDL,
-    KeyWindows,
-    dedup_horizon,
     output_frame,
 )
 from rebalance.streaming.routing import instance_labels

@@ -25,18 +25,20 @@ from rebalance.streaming.generator import (
     zipf_weights,
 )
 from rebalance.streaming.job import JobConfig, JobError
+from rebalance.streaming.key_state import (
+    KeyWindows,
+    closes_or_expires,
+    dedup_horizon,
+    retained,
+    windows_to_emit,
+)
 from rebalance.streaming.processor import (
     OUTPUT_COLUMNS,
     OUTPUT_DDL,
     STATE_KEY_BYTES,
     STATE_WINDOW_BYTES,
-    KeyWindows,
-    closes_or_expires,
-    dedup_horizon,
     output_frame,
-    retained,
     state_bytes,
-    windows_to_emit,
 )
 from rebalance.streaming.routing import instance_labels
 

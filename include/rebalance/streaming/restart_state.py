@@ -122,7 +122,7 @@ def migrate_state(state: pd.DataFrame, old_n: int, new_n: int, routing: dict[str
 
 
 def _merge_duplicate_keys(perkey: pd.DataFrame) -> pd.DataFrame:
-    from rebalance.streaming.processor import KeyWindows
+    from rebalance.streaming.key_state import KeyWindows
 
     rows = []
     for _, group in perkey.groupby("key", sort=False):
