@@ -93,7 +93,7 @@ class Stack:
         for flag, value in (("--trigger-seconds", "2"), ("--poll-seconds", "5")):
             argv[argv.index(flag) + 1] = value
         self.argv = [*argv, "--max-files-per-trigger", "1",
-                     "--conf", "spark.databricks.delta.snapshotPartitions=2",
+                     "--conf", "spark.databricks.delta.snapshotPartitions=1",
                      "--conf", "spark.ui.enabled=false"]
         self.env = dict(job.env)
         self.env["REBALANCE_DATA_DIR"] = str(self.data)

@@ -148,7 +148,7 @@ def scenario(spark, tmp_path_factory) -> Scenario:
 
     key = "spark.databricks.delta.snapshotPartitions"
     previous_conf = spark.conf.get(key, None)
-    spark.conf.set(key, "2")
+    spark.conf.set(key, "1")
     root = str(tmp_path_factory.mktemp("tables"))
     config = JobConfig(n_instances=3, window_seconds=W_MS / 1000, n_windows=N_WINDOWS,
                        watermark_seconds=5, max_files_per_trigger=2, trigger_seconds=0.5,

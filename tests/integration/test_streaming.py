@@ -120,7 +120,7 @@ def small_delta_snapshots(spark):
     (txnAppId) append on 2 cores instead of 0.5 s. Runtime setting, restored after."""
     key = "spark.databricks.delta.snapshotPartitions"
     previous = spark.conf.get(key, None)
-    spark.conf.set(key, "2")
+    spark.conf.set(key, "1")
     yield
     if previous is None:
         spark.conf.unset(key)
