@@ -33,18 +33,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--appends must be at least 5, got {args.appends}")
     os.environ.setdefault("REBALANCE_SPARK_CONF", "spark.ui.enabled=false;"
                           "spark.sql.shuffle.partitions=4;spark.databricks.delta.snapshotPartitions=2")
-    from rebalance.spark.session import get_spark
+    from rebalance.spark.session import get_spark, session_confs
 
     spark = get_spark("delta-append-benchmark")
     frame = spark.range(50).selectExpr("id", "CAST(id AS DOUBLE) AS value", "'k' AS key")
     folder = tempfile.mkdtemp(prefix="delta-append-")
 
     def run(name: str, txn: bool, conf: dict[str, str]) -> list[float]:
-        previous = {k: spark.conf.get(k, None) for k in conf}
-        for k, v in conf.items():
-            spark.conf.set(k, v)
         seconds = []
-        try:
+        with session_confs(spark, conf):
             for i in range(args.appends):
                 writer = frame.coalesce(1).write.format("delta").mode("append")
                 if txn:
@@ -52,12 +49,6 @@ def main(argv: list[str] | None = None) -> int:
                 started = time.perf_counter()
                 writer.save(os.path.join(folder, name.replace(" ", "-").replace(",", "")))
                 seconds.append(time.perf_counter() - started)
-        finally:
-            for k, v in previous.items():
-                if v is None:
-                    spark.conf.unset(k)
-                else:
-                    spark.conf.set(k, v)
         return seconds
 
     run("warm-up", True, {})

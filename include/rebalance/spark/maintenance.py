@@ -44,6 +44,7 @@ from typing import Any
 from rebalance.core.records import as_utc, commit_metadata, utcnow
 from rebalance.spark import tables
 from rebalance.spark.plan_store import CONTROL, PLAN_ASSIGNMENTS, PLANS, delta_txn, is_conflict
+from rebalance.spark.session import session_confs
 from rebalance.spark.tables import Table
 
 log = logging.getLogger(__name__)
@@ -353,19 +354,9 @@ def _last_checkpoint(path: str) -> int | None:
 def _annotated(spark, step: str, policy: Policy, confs: Mapping[str, str] | None = None, **extra):
     """Run the block's Delta commands with the step in ``userMetadata`` (the table's history
     shows what maintenance did) and with ``confs`` set on the session, restored after."""
-    before = {k: spark.conf.get(k, None) for k in confs or {}}
     meta = commit_metadata(kind="maintenance", step=step, table=policy.table.name, **extra)
-    with delta_txn(spark, None, None, meta):
-        try:
-            for key, value in (confs or {}).items():
-                spark.conf.set(key, value)
-            yield
-        finally:
-            for key, value in before.items():
-                if value is None:
-                    spark.conf.unset(key)
-                else:
-                    spark.conf.set(key, value)
+    with session_confs(spark, confs or {}), delta_txn(spark, None, None, meta):
+        yield
 
 
 def _retrying(what: str, action: Callable[[], Any]) -> tuple[Any, int]:

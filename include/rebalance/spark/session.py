@@ -31,7 +31,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from rebalance.spark.java import ensure_java_home
@@ -219,3 +220,20 @@ def remote_session(url: str, conf: Mapping[str, str] | None = None):
     for key, value in (conf or {}).items():
         spark.conf.set(key, str(value))
     return spark
+
+
+@contextmanager
+def session_confs(spark, confs: Mapping[str, str]) -> Iterator[None]:
+    """Set ``confs`` on the session for the block; restore each key's earlier value (or
+    unset it) after."""
+    before = {k: spark.conf.get(k, None) for k in confs}
+    try:
+        for key, value in confs.items():
+            spark.conf.set(key, value)
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
