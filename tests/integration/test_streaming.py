@@ -118,14 +118,10 @@ def _table(spark, table, root) -> pd.DataFrame:
 def small_delta_snapshots(spark):
     """Delta rebuilds table state with 50 partitions by default: 3-12 s per idempotent
     (txnAppId) append on 2 cores instead of 0.5 s. Runtime setting, restored after."""
-    key = "spark.databricks.delta.snapshotPartitions"
-    previous = spark.conf.get(key, None)
-    spark.conf.set(key, "1")
-    yield
-    if previous is None:
-        spark.conf.unset(key)
-    else:
-        spark.conf.set(key, previous)
+    from rebalance.spark.session import session_confs
+
+    with session_confs(spark, {"spark.databricks.delta.snapshotPartitions": "1"}):
+        yield
 
 
 @pytest.fixture(scope="module")
