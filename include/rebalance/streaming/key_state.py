@@ -14,13 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def retained(window_start: int, watermark: int, window_ms: int, n_windows: int) -> bool:
-    """Whether a window may still count in the sliding aggregate of a window that is open.
+def retention_floor(watermark: int, window_ms: int, n_windows: int) -> int:
+    """The latest window start no open window's sliding aggregate needs any more.
 
     Window ``t`` is open while ``t + window_ms > watermark``; its sliding
     aggregate covers ``t - (n_windows - 1) * window_ms .. t``.
     """
-    return window_start + n_windows * window_ms > watermark
+    return watermark - n_windows * window_ms
+
+
+def retained(window_start: int, watermark: int, window_ms: int, n_windows: int) -> bool:
+    """Whether a window may still count in the sliding aggregate of a window that is open."""
+    return window_start > retention_floor(watermark, window_ms, n_windows)
 
 
 def windows_to_emit(updated: Iterable[int], held: Sequence[int], window_ms: int,
@@ -41,7 +46,7 @@ def closes_or_expires(value: tuple, closing: Collection[int], expired_up_to: int
                       horizon: int) -> bool:
     """Whether closing windows concern a key, read from its raw ``perkey`` value without
     decoding it: it holds a closing window (a histogram row), or a window at or before
-    ``expired_up_to`` (pruned: no open window's sliding aggregate needs it), or the id of
+    ``expired_up_to`` (:func:`retention_floor`: pruned), or the id of
     an event before ``horizon`` (forgotten). A key for which this is False is left as it is."""
     windows = value[3] if value[3] is not None else ()
     if any(w in closing or w <= expired_up_to for w in windows):

@@ -60,6 +60,7 @@ from rebalance.streaming.key_state import (
     closes_or_expires,
     dedup_horizon,
     ints,
+    retention_floor,
     strs,
     windows_to_emit,
 )
@@ -265,15 +266,10 @@ class KeyedWindowProcessor(StatefulProcessor):
         keys = [key for (key,) in self.perkey.keys()]
         defaults = default_instances(keys, self.settings.n_instances) if keys else []
         for key, default in zip(keys, defaults):
-            if routing.get(key, int(default)) == instance:
-                continue
-            value = self.perkey.getValue((key,))
-            if value is None:
-                continue
-            state = KeyWindows.from_state(value, 0, 0, 0)
-            target = routing.get(key, state.default_instance)
+            target = routing.get(key, int(default))
             if target == instance:
                 continue
+            state = KeyWindows.from_state(self.perkey.getValue((key,)), 0, 0, 0)
             self.perkey.removeKey((key,))
             self._shift(moved, state, -1, 0, watermark)
             out.append({"kind": HANDOFF, "key": key, "instance": target,
@@ -435,7 +431,8 @@ class KeyedWindowProcessor(StatefulProcessor):
         keys_in = dict.fromkeys(closing, 0)
         horizon = dedup_horizon(watermark, s.dedup_ms)
         for (key,), value in list(self.perkey.iterator()):
-            if not closes_or_expires(value, closing, watermark - s.n_windows * s.window_ms,
+            if not closes_or_expires(value, closing,
+                                     retention_floor(watermark, s.window_ms, s.n_windows),
                                      horizon):
                 continue
             state = KeyWindows.from_state(value, 0, 0, 0)
