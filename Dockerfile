@@ -25,6 +25,8 @@ RUN REBALANCE_IVY_CACHE=/tmp/ivy-cache bash /opt/rebalance/include/scripts/fetch
         "$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
         --no-broker \
  && rm -rf /tmp/ivy-cache
+# The class-data archive every Spark JVM of the image maps (rebalance.spark.cds).
+RUN python -m rebalance.ops.cds
 
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
 COPY --chown=airflow:0 plugins/ /opt/airflow/plugins/

@@ -37,7 +37,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from cds_checks import jvms, unmapped
 from service_helpers import Proc, free_port
+
+from rebalance.ops.processes import descendants
+from rebalance.spark.cds import java_options
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +72,8 @@ def _spark_submit(master: str) -> list[str]:
     jars = ",".join(str(p) for p in sorted((REPO / ".jars").glob("*.jar")))
     return [str(Path(sys.executable).with_name("spark-submit")), "--master", master,
             "--jars", jars, "--conf", f"spark.pyspark.python={sys.executable}",
-            "--conf", "spark.executor.memory=1g"]
+            "--conf", "spark.executor.memory=1g",
+            "--driver-java-options", java_options()]
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +201,12 @@ def test_controlled_restart_on_the_cluster_keeps_the_state(spark, cluster, tmp_p
     try:
         _wait(lambda: "running" in proc.output(), "generation 0", proc)
         _wait(lambda: batches() >= 2, "two committed batches", proc)
+        # Every JVM of the cluster maps the class-data archive: master, workers, executors.
+        pids = {p for r in cluster.service.records().values()
+                for p in (r.pid, *descendants(r.pid))} | set(proc.group())
+        assert {"org.apache.spark.executor.CoarseGrainedExecutorBackend",
+                "org.apache.spark.deploy.SparkSubmit"} <= set(jvms(pids).values())
+        assert unmapped(pids) == {}
         # A plan for the same N that moves the four hottest keys to the other instance,
         # published as the DAG publishes it for apply_mode restart, then requested.
         keys = list(gen.keys)

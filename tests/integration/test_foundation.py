@@ -83,3 +83,12 @@ def test_rebalance_help_runs_as_a_command():
                          env={**os.environ})
     assert out.returncode == 0, out.stderr
     assert "plan" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_session_jvm_maps_the_class_data_archive(spark):
+    from cds_checks import jvms, maps_archive
+
+    pid = spark.sparkContext._gateway.proc.pid
+    assert jvms([pid]) == {pid: "org.apache.spark.deploy.SparkSubmit"}
+    assert maps_archive(pid)

@@ -173,6 +173,21 @@ def test_every_process_of_the_service_listens_on_loopback_only(service):
     assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
 
 
+def test_every_spark_jvm_of_the_service_maps_the_class_data_archive(service):
+    from cds_checks import jvms, unmapped
+
+    from rebalance.ops.processes import descendants as _children
+
+    pids = set()
+    for rec in service.records().values():
+        pids |= {rec.pid, *_children(rec.pid)}
+    mains = set(jvms(pids).values())
+    # The Spark Connect server, and the keyed job's driver (its Python starts it).
+    assert mains >= {"org.apache.spark.deploy.SparkSubmit"}, mains
+    assert len([m for m in jvms(pids).values() if m == "org.apache.spark.deploy.SparkSubmit"]) >= 2
+    assert unmapped(pids) == {}
+
+
 def test_the_scheduler_applies_and_verifies_a_plan_on_its_own(scheduled, api):
     """No trigger: the real scheduler runs the DAG every 30 s on the live stream, finds the
     default placement imbalanced, and a plan is applied and verified with the default

@@ -260,7 +260,7 @@ def components(s: Settings) -> list[Component]:
 
 
 def _connect_server(s: Settings, env: dict[str, str]) -> Component:
-    from rebalance.spark.session import LOG4J_CONFIG, delta_jars
+    from rebalance.spark.session import LOG4J_CONFIG, cds, delta_jars
 
     jars = ",".join(str(j) for j in delta_jars())
     confs = {
@@ -278,7 +278,7 @@ def _connect_server(s: Settings, env: dict[str, str]) -> Component:
         "spark.driver.extraJavaOptions": (
             f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
             f"-Drebalance.spark.log={s.logs / 'spark-connect-jvm.log'} "
-            f"-Dderby.system.home={s.data / 'derby'}"),
+            f"-Dderby.system.home={s.data / 'derby'} {cds.java_options()}").strip(),
         "spark.pyspark.python": sys.executable,
     }
     argv = [str(spark_home() / "bin" / "spark-submit"), "--class",

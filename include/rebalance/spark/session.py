@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from rebalance.spark import cds
 from rebalance.spark.java import ensure_java_home
 from rebalance.spark.paths import data_dir, jars_dir
 
@@ -101,9 +102,16 @@ def session_conf(app_name: str, master: str | None = None,
         # Small local jobs: a few shuffle partitions instead of 200.
         settings["spark.sql.shuffle.partitions"] = "4"
         java_options.append(f"-Dderby.system.home={data / 'derby'}")
+    # The class-data archive of `make setup` (rebalance.spark.cds): a 2-3x faster JVM start.
+    archive = cds.java_options()
     settings["spark.driver.extraJavaOptions"] = " ".join(
-        [*java_options, submitted.get("spark.driver.extraJavaOptions", "")]).strip()
-    settings.update({k: v for k, v in submitted.items() if k != "spark.driver.extraJavaOptions"})
+        [*java_options, archive, submitted.get("spark.driver.extraJavaOptions", "")]).strip()
+    if archive:  # a cluster's executors (same JARs; a local master starts none)
+        settings["spark.executor.extraJavaOptions"] = " ".join(
+            [archive, submitted.get("spark.executor.extraJavaOptions", "")]).strip()
+    settings.update({k: v for k, v in submitted.items()
+                     if k not in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+                     or k not in settings})
     settings.update(parse_conf(os.environ.get("REBALANCE_SPARK_CONF")))
     if os.environ.get("REBALANCE_SPARK_MASTER"):
         settings["spark.master"] = os.environ["REBALANCE_SPARK_MASTER"]

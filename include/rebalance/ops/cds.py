@@ -1,0 +1,102 @@
+"""Build the class-data archive of the project's Spark JVMs (:mod:`rebalance.spark.cds`).
+
+``make setup`` runs ``python -m rebalance.ops.cds``: when the archive for this Java and
+pyspark is missing, a short run of the keyed job on Delta in a fresh process, with
+``-XX:ArchiveClassesAtExit``, writes it (about 90 s, once). ``--force`` builds it again;
+``--describe`` says what is in place; ``--java-options`` prints the options that map it
+(``spark-submit --driver-java-options``: a driver spark-submit starts is up before Python runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rebalance.spark.cds import DUMP_ENV, archive_path, enabled, java_options
+
+
+def _workload(folder: Path) -> None:
+    """What the archived JVM runs: the classes a driver of the project loads."""
+    from rebalance.spark import tables
+    from rebalance.spark.session import get_spark
+    from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
+    from rebalance.streaming.job import JobConfig, start_job
+
+    spark = get_spark("class-data-archive", conf={"spark.ui.enabled": "false",
+                                                  "spark.sql.shuffle.partitions": "2"})
+    root = str(folder / "tables")
+    gen = EventGenerator(GeneratorConfig(n_keys=50, events_per_batch=200, seed=7))
+    append_batches(spark, gen, range(2), root)
+    config = JobConfig(n_instances=2, window_seconds=10, watermark_seconds=5, name="cds",
+                       tables_root=root, checkpoint_root=str(folder / "checkpoints"))
+    job = start_job(spark, config)
+    job.await_termination()
+    tables.publish_assignment(spark, {}, 2, {"reason": "class-data archive"}, root)
+    tables.read(spark, tables.KEY_HISTOGRAMS, root).toPandas()
+    spark.sql(f"DESCRIBE HISTORY delta.`{root}/{tables.RESULTS.name}`").collect()
+    spark.stop()
+
+
+def build(force: bool = False, out=print) -> Path | None:
+    """Write the archive (when missing, or ``force``); its path, or None when this Java
+    cannot write one (the JVMs then start as before)."""
+    target = archive_path()
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for old in target.parent.glob("spark-*.jsa"):
+        if old != target:
+            old.unlink(missing_ok=True)  # made for another Java or pyspark
+    with tempfile.TemporaryDirectory(prefix="cds-") as tmp:
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        env = {**os.environ, DUMP_ENV: str(partial), "REBALANCE_DATA_DIR": tmp}
+        env.pop("REBALANCE_SPARK_REMOTE", None)
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "rebalance.ops.cds", "--workload", tmp],
+                              env=env, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0 or not partial.is_file():
+            partial.unlink(missing_ok=True)
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            out(f"no class-data archive (JVMs start without one): {' | '.join(tail)}")
+            return None
+        os.replace(partial, target)
+    size = target.stat().st_size / 2**20
+    out(f"class-data archive: {target} ({size:.0f} MiB, {time.monotonic() - started:.0f} s)")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rebalance.ops.cds",
+        description="Build the class-data archive that makes the project's Spark JVMs "
+                    "start faster (make setup runs this), or say what is in place.")
+    parser.add_argument("--force", action="store_true", help="build it again")
+    parser.add_argument("--describe", action="store_true", help="say what is in place")
+    parser.add_argument("--java-options", action="store_true",
+                        help="print the JVM options that map it (for spark-submit's "
+                             "--driver-java-options; empty when there is no archive)")
+    parser.add_argument("--workload", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.workload:
+        _workload(args.workload)
+        return 0
+    if args.java_options:
+        print(java_options())
+        return 0
+    if args.describe:
+        path = archive_path()
+        state = "in use" if path.is_file() and enabled() else (
+            "off (REBALANCE_CDS)" if path.is_file() else "missing: run make setup")
+        print(f"{path}: {state}")
+        return 0
+    build(args.force)  # without one (a Java that cannot write it), JVMs start as before
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
