@@ -1,13 +1,13 @@
 """A class-data archive for the project's Spark JVMs: each starts in about 2/3 of the time.
 
-A Spark JVM spends most of its start loading, parsing and verifying some 15 000 classes
+A Spark JVM spends most of its start loading, parsing and verifying thousands of classes
 of the pyspark wheel's JARs, and its first Delta write loads thousands more. Java's
 application class-data sharing (AppCDS, JDK 13+) keeps those classes, already parsed and
-verified, in an archive that every later JVM maps read-only. ``make setup`` builds the
-archive once (:func:`rebalance.ops.cds.build`): a short run of the keyed job on Delta (events appended,
-the job's micro-batches with their RocksDB state, histograms written, tables read back)
-with ``-XX:ArchiveClassesAtExit``; at its exit the JVM writes every class it loaded
-from the JDK and the wheel's JARs.
+verified, in an archive that every later JVM maps from the file. ``make setup`` builds the
+archive once (:func:`rebalance.ops.cds.build`): a short run of the keyed job on Delta
+(events appended, the job's micro-batches with their RocksDB state, histograms written,
+tables read back) with ``-XX:ArchiveClassesAtExit``; at its exit the JVM writes every
+class it loaded from the JDK and the wheel's JARs.
 
 Every Spark JVM the project starts then maps it (:func:`java_options`): the drivers of
 :func:`rebalance.spark.session.get_spark` (jobs, CLI commands, tests), the Spark Connect

@@ -102,7 +102,7 @@ def session_conf(app_name: str, master: str | None = None,
         # Small local jobs: a few shuffle partitions instead of 200.
         settings["spark.sql.shuffle.partitions"] = "4"
         java_options.append(f"-Dderby.system.home={data / 'derby'}")
-    # The class-data archive of `make setup` (rebalance.spark.cds): a 2-3x faster JVM start.
+    # The class-data archive of `make setup` (rebalance.spark.cds): the JVM starts faster.
     archive = cds.java_options()
     settings["spark.driver.extraJavaOptions"] = " ".join(
         [*java_options, archive, submitted.get("spark.driver.extraJavaOptions", "")]).strip()
