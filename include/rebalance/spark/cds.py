@@ -72,9 +72,9 @@ def fingerprint(java: Path | None = None, spark: Path | None = None) -> str:
     return h.hexdigest()[:16]
 
 
-def archive_path(folder: Path | None = None) -> Path:
+def archive_path() -> Path:
     """Where the archive for this Java and pyspark lives (it may not exist yet)."""
-    return (folder or jars_dir()) / "cds" / f"spark-{fingerprint()}.jsa"
+    return jars_dir() / "cds" / f"spark-{fingerprint()}.jsa"
 
 
 def enabled() -> bool:

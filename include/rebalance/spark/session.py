@@ -109,9 +109,8 @@ def session_conf(app_name: str, master: str | None = None,
     if archive:  # a cluster's executors (same JARs; a local master starts none)
         settings["spark.executor.extraJavaOptions"] = " ".join(
             [archive, submitted.get("spark.executor.extraJavaOptions", "")]).strip()
-    settings.update({k: v for k, v in submitted.items()
-                     if k not in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
-                     or k not in settings})
+    merged = {"spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"} & settings.keys()
+    settings.update({k: v for k, v in submitted.items() if k not in merged})
     settings.update(parse_conf(os.environ.get("REBALANCE_SPARK_CONF")))
     if os.environ.get("REBALANCE_SPARK_MASTER"):
         settings["spark.master"] = os.environ["REBALANCE_SPARK_MASTER"]
