@@ -33,6 +33,8 @@ def test_session_factory_configuration(spark):
         "RocksDBStateStoreProvider")
     assert conf.get("spark.pyspark.python") == sys.executable
     assert any("delta-spark" in j for j in conf.get("spark.jars").split(","))
+    # the JVM keeps 1000 generated classes, not Spark's 100 (a static conf: set at start)
+    assert spark.conf.get("spark.sql.codegen.cache.maxEntries") == "1000"
 
 
 def test_session_conf_precedence(monkeypatch):
@@ -50,6 +52,10 @@ def test_session_conf_precedence(monkeypatch):
     monkeypatch.delenv("REBALANCE_SPARK_MASTER")
     assert session_conf("t", submitted=submitted)["spark.master"] == "yarn"
     assert session_conf("t", submitted={})["spark.master"] == "local[*]"
+    # the code-generation cache: ours unless spark-submit or the environment says otherwise
+    assert session_conf("t", submitted={})["spark.sql.codegen.cache.maxEntries"] == "1000"
+    mine = {"spark.sql.codegen.cache.maxEntries": "300"}
+    assert session_conf("t", submitted=mine)["spark.sql.codegen.cache.maxEntries"] == "300"
 
 
 def test_session_conf_errors(monkeypatch, tmp_path):

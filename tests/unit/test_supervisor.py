@@ -126,6 +126,7 @@ def test_the_service_listens_on_loopback_and_runs_the_control_plane_on_spark_con
     connect = " ".join(parts["spark-connect"].argv)
     assert "spark.connect.grpc.binding.address=127.0.0.1" in connect
     assert "spark.connect.grpc.binding.port=18002" in connect
+    assert "spark.sql.codegen.cache.maxEntries=1000" in connect  # as every session's JVM
     assert "--host 127.0.0.1 --port 18080" in " ".join(parts["api-server"].argv)
     # Airflow's log servers would listen on 0.0.0.0: not started (logs are local files).
     assert "--skip-serve-logs" in parts["scheduler"].argv

@@ -260,25 +260,25 @@ def components(s: Settings) -> list[Component]:
 
 
 def _connect_server(s: Settings, env: dict[str, str]) -> Component:
-    from rebalance.spark.session import LOG4J_CONFIG, cds, delta_jars
+    from rebalance.spark import session
 
-    jars = ",".join(str(j) for j in delta_jars())
-    confs = {
+    jars = ",".join(str(j) for j in session.delta_jars())
+    confs = {**session.JVM_SQL_SETTINGS,
         "spark.connect.grpc.binding.address": HOST,
         "spark.connect.grpc.binding.port": str(s.connect_port),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "2",
-        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.databricks.delta.snapshotPartitions": session.SNAPSHOT_PARTITIONS,
         "spark.ui.enabled": "false",
         "spark.driver.host": HOST,
         "spark.driver.bindAddress": HOST,
         "spark.sql.warehouse.dir": str(s.data / "warehouse"),
         "spark.driver.extraJavaOptions": (
-            f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} "
+            f"-Dlog4j2.configurationFile=file:{session.LOG4J_CONFIG} "
             f"-Drebalance.spark.log={s.logs / 'spark-connect-jvm.log'} "
-            f"-Dderby.system.home={s.data / 'derby'} {cds.java_options()}").strip(),
+            f"-Dderby.system.home={s.data / 'derby'} {session.cds.java_options()}").strip(),
         "spark.pyspark.python": sys.executable,
     }
     argv = [str(spark_home() / "bin" / "spark-submit"), "--class",

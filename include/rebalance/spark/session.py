@@ -43,6 +43,18 @@ from rebalance.spark.paths import data_dir, jars_dir
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: Generated classes a Spark JVM keeps compiled (Spark's default: 100). One micro-batch of
+#: the keyed job needs more than 100 (the stateful step's encoders, Delta's commit and
+#: table-state queries, the sink's projections): with the default they evict each other
+#: and are compiled again every batch, a third of the batch's time here
+#: (include/benchmarks/batch_cost_benchmark.py). Bounded: the least recently used go.
+CODEGEN_CACHE_ENTRIES = 1000
+#: Partitions Delta rebuilds a table's state in, on a local master (Delta's default: 50,
+#: meant for large tables on a cluster); the Spark Connect server uses the same.
+SNAPSHOT_PARTITIONS = "2"
+#: Settings of every Spark JVM the project starts (drivers and the Spark Connect server);
+#: a value given with spark-submit or ``REBALANCE_SPARK_CONF`` wins.
+JVM_SQL_SETTINGS = {"spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES)}
 
 
 class SparkSetupError(RuntimeError):
@@ -95,12 +107,17 @@ def session_conf(app_name: str, master: str | None = None,
         "spark.pyspark.driver.python": sys.executable,
         "spark.ui.showConsoleProgress": "false",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        **JVM_SQL_SETTINGS,
     }
     java_options = [log4j_options(app_name)]
     if "spark.master" not in submitted:
         settings["spark.master"] = "local[*]"
-        # Small local jobs: a few shuffle partitions instead of 200.
+        # Small local jobs: a few shuffle partitions instead of 200, and Delta's table
+        # state rebuilt in a few partitions instead of 50 (every idempotent append rebuilds
+        # it: a micro-batch of the keyed job took 4 times as long with 50 on 2 cores,
+        # include/benchmarks/batch_cost_benchmark.py).
         settings["spark.sql.shuffle.partitions"] = "4"
+        settings["spark.databricks.delta.snapshotPartitions"] = SNAPSHOT_PARTITIONS
         java_options.append(f"-Dderby.system.home={data / 'derby'}")
     # The class-data archive of `make setup` (rebalance.spark.cds): the JVM starts faster.
     archive = cds.java_options()
