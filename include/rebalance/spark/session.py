@@ -114,7 +114,7 @@ def session_conf(app_name: str, master: str | None = None,
         settings["spark.master"] = "local[*]"
         # Small local jobs: a few shuffle partitions instead of 200, and Delta's table
         # state rebuilt in a few partitions instead of 50 (every idempotent append rebuilds
-        # it: a micro-batch of the keyed job took 4 times as long with 50 on 2 cores,
+        # it: a micro-batch of the keyed job took 3 times as long with 50 on 2 cores,
         # include/benchmarks/batch_cost_benchmark.py).
         settings["spark.sql.shuffle.partitions"] = "4"
         settings["spark.databricks.delta.snapshotPartitions"] = SNAPSHOT_PARTITIONS
