@@ -55,6 +55,30 @@ def spark(tmp_path_factory):
     session = get_spark("rebalance-tests", master="local[2]")
     yield session
     session.stop()
+    _stop_gateway_jvm()
+
+
+def _stop_gateway_jvm(timeout: float = 60.0) -> None:
+    """The in-process session's JVM exits when its stdin closes (pyspark's gateway: it
+    dies with its Python process). Closed and waited for here, so the JVM does not outlive
+    the test session (the reaper found it still shutting down after every run before)."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    SparkContext._gateway = SparkContext._jvm = None
+    if proc is not None:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            logging.getLogger(__name__).warning("the session's JVM did not exit within %.0f s "
+                                                "of its gateway closing: killed", timeout)
 
 
 @pytest.fixture(scope="session")
