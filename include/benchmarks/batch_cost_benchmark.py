@@ -1,6 +1,6 @@
 """Micro-batch cost of the keyed job: the project's Spark settings against Spark's and Delta's.
 
-    python include/benchmarks/batch_cost_benchmark.py                  # 2 repeats, about 25 min
+    python include/benchmarks/batch_cost_benchmark.py                  # 2 repeats, about 20 min
     python include/benchmarks/batch_cost_benchmark.py --repeats 3 --batches 30
 
 Each run is a fresh process (a fresh JVM: the cache is per JVM). It writes the same

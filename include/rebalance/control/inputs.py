@@ -23,6 +23,7 @@ from rebalance.control.params import RunInfo, RunParams
 from rebalance.core.backtest import WindowHistory
 from rebalance.core.model import PlanningError, Problem
 from rebalance.core.records import FRAME_COLUMNS, as_utc
+from rebalance.spark.session import SNAPSHOT_PARTITIONS
 
 if TYPE_CHECKING:
     from rebalance.spark.plan_store import PlanStore
@@ -31,9 +32,10 @@ log = logging.getLogger(__name__)
 
 
 #: Runtime settings for the control plane's small Delta tables, applied when the session
-#: has none: Delta replays a table's log into 50 partitions by default, which dominates
-#: every read and write of a table of a few KB (measured: 41 s -> 11 s per plan cycle).
-CONTROL_PLANE_CONF = {"spark.databricks.delta.snapshotPartitions": "2"}
+#: has none (a local session has them already; a cluster's does not): Delta replays a
+#: table's log into 50 partitions by default, which dominates every read and write of a
+#: table of a few KB (measured: 41 s -> 11 s per plan cycle).
+CONTROL_PLANE_CONF = {"spark.databricks.delta.snapshotPartitions": str(SNAPSHOT_PARTITIONS)}
 
 
 def spark_session():

@@ -270,7 +270,7 @@ def _connect_server(s: Settings, env: dict[str, str]) -> Component:
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "2",
-        "spark.databricks.delta.snapshotPartitions": session.SNAPSHOT_PARTITIONS,
+        "spark.databricks.delta.snapshotPartitions": str(session.SNAPSHOT_PARTITIONS),
         "spark.ui.enabled": "false",
         "spark.driver.host": HOST,
         "spark.driver.bindAddress": HOST,

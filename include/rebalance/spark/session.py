@@ -46,12 +46,12 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 #: Generated classes a Spark JVM keeps compiled (Spark's default: 100). One micro-batch of
 #: the keyed job needs more than 100 (the stateful step's encoders, Delta's commit and
 #: table-state queries, the sink's projections): with the default they evict each other
-#: and are compiled again every batch, a third of the batch's time here
+#: and are compiled again every batch, about a fifth of the batch's time here
 #: (include/benchmarks/batch_cost_benchmark.py). Bounded: the least recently used go.
 CODEGEN_CACHE_ENTRIES = 1000
 #: Partitions Delta rebuilds a table's state in, on a local master (Delta's default: 50,
 #: meant for large tables on a cluster); the Spark Connect server uses the same.
-SNAPSHOT_PARTITIONS = "2"
+SNAPSHOT_PARTITIONS = 2
 #: Settings of every Spark JVM the project starts (drivers and the Spark Connect server);
 #: a value given with spark-submit or ``REBALANCE_SPARK_CONF`` wins.
 JVM_SQL_SETTINGS = {"spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES)}
@@ -117,7 +117,7 @@ def session_conf(app_name: str, master: str | None = None,
         # it: a micro-batch of the keyed job took 3 times as long with 50 on 2 cores,
         # include/benchmarks/batch_cost_benchmark.py).
         settings["spark.sql.shuffle.partitions"] = "4"
-        settings["spark.databricks.delta.snapshotPartitions"] = SNAPSHOT_PARTITIONS
+        settings["spark.databricks.delta.snapshotPartitions"] = str(SNAPSHOT_PARTITIONS)
         java_options.append(f"-Dderby.system.home={data / 'derby'}")
     # The class-data archive of `make setup` (rebalance.spark.cds): the JVM starts faster.
     archive = cds.java_options()
