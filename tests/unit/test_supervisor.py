@@ -27,6 +27,7 @@ from rebalance.ops.service import (
     alive,
     components,
 )
+from rebalance.spark.session import SparkSetupError
 
 
 def stand_ins(script: dict[str, str]):
@@ -136,6 +137,20 @@ def test_the_service_listens_on_loopback_and_runs_the_control_plane_on_spark_con
     assert parts["generator"].env["REBALANCE_SPARK_REMOTE"] == "sc://127.0.0.1:18002"
     assert parts["job"].stop_signal == signal.SIGINT
     assert parts["job"].argv[0] == sys.executable
+
+
+def test_the_users_spark_conf_reaches_the_spark_connect_server_and_wins(settings, monkeypatch):
+    """REBALANCE_SPARK_CONF tunes the control plane's JVM as it tunes every session: a
+    key the service sets is replaced, not given twice (spark-submit keeps the last)."""
+    monkeypatch.setenv("REBALANCE_SPARK_CONF", "spark.sql.shuffle.partitions=3;spark.x.y=z")
+    argv = next(c for c in components(settings) if c.name == "spark-connect").argv
+    confs = [argv[i + 1] for i, a in enumerate(argv) if a == "--conf"]
+    assert "spark.x.y=z" in confs
+    assert [c for c in confs if c.startswith("spark.sql.shuffle.partitions=")] == [
+        "spark.sql.shuffle.partitions=3"]
+    monkeypatch.setenv("REBALANCE_SPARK_CONF", "no-equals-sign")
+    with pytest.raises(SparkSetupError, match="'no-equals-sign' is not of the form key=value"):
+        components(settings)
 
 
 def test_no_credential_is_part_of_the_commands(settings):
