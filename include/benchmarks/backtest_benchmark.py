@@ -3,6 +3,7 @@
     python include/benchmarks/backtest_benchmark.py [--traces a,b] [--quick] [--json]
                                                     [--out DIR] [--docs-img DIR | --no-docs-img]
                                                     [--method M] [--calibration-share F]
+                                                    [--sensitivity | --causal-bound | --issue-check]
 
 Traces (:mod:`traces`, fetched first with ``make traces``): nyc-dest, nyc-tailnum,
 us-origin-hourly (real), synth-drift, synth-seasonal (seed 003's generator). Each is
@@ -29,6 +30,10 @@ Baselines: ``none`` (default placement), ``stay`` (one plan at the first step, t
 ``oracle`` (planned on the judged window itself), ``distribution-oracle`` (planned on the
 mean of the 3 windows after the judged one, at theta_plan = theta x 1, 3/4, 1/2, 3/8, 1/4,
 1/8; rows ``distribution-oracle@<theta_plan>`` and the best of them).
+
+``--sensitivity``: only ``auto`` again under other selection settings
+(:data:`SENSITIVITY`: a finer headroom grid, no share slack, a shorter or longer lookback),
+beside ``last-1``, judged on the same windows: how much the figures move with them.
 
 Per trace: a table (share of judged windows within 1 + theta, mean and p90 realised
 imbalance, migration per step as a fraction of the state, routing-table size) and issue
@@ -226,6 +231,46 @@ def issue_check(directory: Path, method: str = "auto") -> list[dict]:
     return rows
 
 
+#: ``--sensitivity``: auto's selection settings tried beside its defaults (the candidates'
+#: fractions of theta, the share slack of its choice, the judged windows it looks back on).
+SENSITIVITY = {
+    "defaults": {},
+    "headroom 1, 3/4, 1/2": {"headroom": (1.0, 0.75, 0.5)},
+    "headroom 1, 7/8, 3/4, 1/2": {"headroom": (1.0, 0.875, 0.75, 0.5)},
+    "slack 0": {"share_slack": 0.0},
+    "headroom 1, 3/4, 1/2, slack 0": {"headroom": (1.0, 0.75, 0.5), "share_slack": 0.0},
+    "the same, lookback 28": {"headroom": (1.0, 0.75, 0.5), "share_slack": 0.0, "lookback": 28},
+    "the same, lookback 112": {"headroom": (1.0, 0.75, 0.5), "share_slack": 0.0,
+                               "lookback": 112},
+}
+
+
+def sensitivity(name: str, calibration_share: float, method: str, directory: Path) -> list[dict]:
+    """``auto`` on one trace under each of :data:`SENSITIVITY`'s settings, judged on the same
+    windows as the benchmark's tables, beside ``last-1`` (the goal: at least twice its share
+    where it is below 50 %)."""
+    from rebalance.core.backtest import Policy, WindowHistory, backtest
+
+    trace = trace_lib.TRACES[name]
+    frame = trace_lib.load(name, directory, windows=trace.bench_windows)
+    history = WindowHistory.from_counts(frame, n_instances=trace.n_instances)
+    cut = judged_from(history.n_windows, trace.period, calibration_share)
+    pols = [Policy.of("mean:windows=1", method=method, name=TODAY),
+            Policy.of("auto", method=method, name=DEFAULT)]
+    rows = []
+    for label, options in SENSITIVITY.items():
+        res = backtest(history, pols if not rows else pols[1:], trace.theta, start=cut,
+                       baselines=(), baseline_method=method, auto_options=options)
+        if not rows:
+            rows.append(dict(trace=name, setting=TODAY, **_figures(_row(res.summary, TODAY))))
+        rows.append(dict(trace=name, setting=label, **_figures(_row(res.summary, DEFAULT))))
+    return rows
+
+
+def _figures(r: dict) -> dict:
+    return {k: float(r[k]) for k in ("share_within", "mean_imbalance", "migration_per_step")}
+
+
 def causal_bound(name: str, calibration_share: float, method: str, log) -> list[dict]:
     """On a synthetic trace: what any forecast from the past could reach, beside the
     distribution oracle. Chains planned on the generator's own distribution (its expected
@@ -362,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="on the synthetic traces only: what a forecast from the past could "
                         "reach (plans on the generator's own distribution of the window "
                         "before), beside the distribution oracle")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="only auto under other selection settings (headroom grid, share "
+                        "slack, lookback), beside last-1, on the traces given")
     p.add_argument("--issue-check", action="store_true",
                    help="only reproduce issue 19's measured figures on nyc-dest (planner auto)")
     args = p.parse_args(argv)
@@ -390,6 +438,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"backtest_benchmark: unknown trace(s) {unknown or names}; known: "
               f"{', '.join(trace_lib.TRACES)}", file=sys.stderr)
         return 2
+    if args.sensitivity:
+        rows = [r for n in names for r in sensitivity(n, args.calibration_share, args.method,
+                                                        args.dir)]
+        if args.json:
+            print(json.dumps(rows, indent=1))
+            return 0
+        print("| trace | auto's setting | within 1 + theta | mean | migration / step |\n"
+              "|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['trace']} | {r['setting']} | {r['share_within']:.1%} | "
+                  f"{r['mean_imbalance']:.3f} | {r['migration_per_step']:.2%} |")
+        return 0
     if args.causal_bound:
         synthetic = [n for n in names if trace_lib.TRACES[n].archive is None]
         out = {}

@@ -287,3 +287,21 @@ def test_given_forecasts_plan_on_what_they_are_given_and_are_judged_on_the_store
     assert late[0]["mean_imbalance"] == pytest.approx((4 / 3 + 1.0) / 2)
     with pytest.raises(BacktestError, match=r"forecasts must have shape \(3, 4\)"):
         given_forecasts(h, h.loads[:2], 0.08, [1], "short")
+
+
+def test_auto_candidates_at_every_headroom_and_the_share_slack_of_the_choice():
+    """The settings the backtest benchmark's --sensitivity varies: every load model at
+    each fraction of theta given; and a candidate a few points of share below the best is
+    chosen for migrating less only within the slack."""
+    from rebalance.core.backtest.auto import AUTO_HEADROOM, _pick, default_candidates
+
+    two = default_candidates(0.08, 100)
+    three = default_candidates(0.08, 100, headroom=(1.0, 0.75, 0.5))
+    assert len(two) == len(AUTO_HEADROOM) * len(three) // 3
+    assert sorted({p.theta_plan for p in three}, key=lambda t: t or 1) == [
+        pytest.approx(0.04), pytest.approx(0.06), None]
+    table = pd.DataFrame({"policy": ["cheap", "best"], "share_within": [0.70, 0.73],
+                          "mean_imbalance": [1.07, 1.07], "migration_per_step": [0.01, 0.03],
+                          "windows": 50})
+    assert _pick(table, math.inf, 0.08, 0.9)[0] == 0                    # default slack 0.05
+    assert _pick(table, math.inf, 0.08, 0.9, share_slack=0.0)[0] == 1

@@ -17,17 +17,22 @@ AUTO_MODELS = ("mean:windows=1", "ewm:halflife=2,windows=8", "robust:windows=3",
                "robust:windows=7", "robust:windows=14")
 #: theta_plan values auto tries, as fractions of theta.
 AUTO_HEADROOM = (1.0, 0.5)
+#: How far below the best backtested share within 1 + theta a candidate may be and still be
+#: chosen for migrating less (:func:`_pick`).
+AUTO_SHARE_SLACK = 0.05
 #: Seasonal periods (windows) auto tries when the history holds two of them, beside the
 #: period detected in the windows themselves (:func:`rebalance.core.forecast.detect_period`).
 AUTO_PERIODS = (7, 24)
 
 
 def default_candidates(theta: float, n_windows: int, n_keys: int | None = None,
-                       method: str = "mixed", loads=None) -> list[Policy]:
+                       method: str = "mixed", loads=None,
+                       headroom: Sequence[float] = AUTO_HEADROOM) -> list[Policy]:
     """The policies auto compares: :data:`AUTO_MODELS` whose history leaves at least half
     of ``n_windows`` to judge on (and a seasonal model per period of
     :data:`AUTO_PERIODS`, and the period detected in ``loads`` (W x K, the windows before
-    the choice), that the windows cover twice), each at :data:`AUTO_HEADROOM`."""
+    the choice), that the windows cover twice), each at every fraction of theta in
+    ``headroom``."""
     models = [LoadModel.parse(m) for m in AUTO_MODELS]
     periods = list(AUTO_PERIODS)
     found = None if loads is None else detect_period(loads)
@@ -41,7 +46,7 @@ def default_candidates(theta: float, n_windows: int, n_keys: int | None = None,
         need = history_needed(m)
         if need > 1 and need > n_windows // 2:
             continue
-        for f in AUTO_HEADROOM:
+        for f in headroom:
             out.append(Policy.of(m, theta_plan=None if f == 1.0 else theta * f, method=method))
     return out
 
@@ -60,7 +65,7 @@ def _today(policies: Sequence[Policy], theta: float) -> int | None:
 
 
 def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
-          share_slack: float = 0.05, min_gain: float = 0.0,
+          share_slack: float = AUTO_SHARE_SLACK, min_gain: float = 0.0,
           migration_cap: float | None = None) -> tuple[int | None, str]:
     """Index of the chosen candidate row (None: stay) and why.
 

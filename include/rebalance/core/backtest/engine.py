@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rebalance.core.backtest.auto import MAX_MIGRATION_RATIO, _pick, _today, default_candidates
+from rebalance.core.backtest.auto import (
+    AUTO_HEADROOM,
+    AUTO_SHARE_SLACK,
+    MAX_MIGRATION_RATIO,
+    _pick,
+    _today,
+    default_candidates,
+)
 from rebalance.core.backtest.history import (
     BACKTEST_TIME_LIMIT,
     BASELINES,
@@ -338,7 +345,8 @@ def backtest(history: WindowHistory, policies: Sequence[Policy], theta: float, h
 def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizon: int,
               initial: np.ndarray, candidates: Sequence[Policy] | None = None,
               lookback: int = 56, min_evidence: int = 7, target: float = 0.9,
-              min_gain: float = 0.0) -> list[_Chain]:
+              min_gain: float = 0.0, headroom: Sequence[float] = AUTO_HEADROOM,
+              share_slack: float = AUTO_SHARE_SLACK) -> list[_Chain]:
     """The ``auto`` policies of a backtest: at every step, the candidates' own backtest on
     the judged windows before it (at most ``lookback``) chooses the load model and
     theta_plan (:func:`_pick`); a step applies the chosen plan only when its candidate's
@@ -346,10 +354,13 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
     history where planning does not pay keeps the assignment. With fewer than
     ``min_evidence`` judged windows it does what the stay baseline does: today's plan
     (mean of the last window, at theta) at the first step, kept.
+    ``headroom`` and ``share_slack``: the default candidates' fractions of theta, and
+    :func:`_pick`'s slack (the backtest benchmark's ``--sensitivity`` varies them).
     Causal: a choice at step t reads only windows before t."""
     h, theta = eng.h, eng.theta
     cands = list(candidates) if candidates is not None else default_candidates(
-        theta, h.n_windows, h.n_keys, loads=h.loads[:steps[0]])  # causal: before the steps
+        theta, h.n_windows, h.n_keys, loads=h.loads[:steps[0]],  # causal: before the steps
+        headroom=headroom)
     cands = [p for p in cands if p.history <= steps[0]] or [Policy.of("mean:windows=1")]
     runs = [_run_policy(eng, p, steps, horizon, initial) for p in cands]
     # per candidate: judged window -> (realised, stay, migration of its step)
@@ -387,7 +398,8 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
                     "windows": len(cols)})
                 cap = (None if today_i is None
                        else MAX_MIGRATION_RATIO * float(np.nanmean(m[today_i])))
-                idx, why = _pick(table, math.inf, theta, target, migration_cap=cap)
+                idx, why = _pick(table, math.inf, theta, target, share_slack=share_slack,
+                                 migration_cap=cap)
                 # staying = not replanning: the candidate's previous assignment on the window
                 if idx is not None and not r[idx].mean() < s[idx].mean() - min_gain:
                     why = (f"{cands[idx].name}: replanning does not pay (realised "
