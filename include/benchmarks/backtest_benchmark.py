@@ -151,20 +151,28 @@ def judged_from(n_windows: int, period: int | None, calibration_share: float) ->
     return max(need + 4, int(round(n_windows * calibration_share)))
 
 
-def run_trace(name: str, quick: bool, method: str, calibration_share: float, directory: Path,
-              log) -> dict:
-    """Load, calibrate and backtest one trace; the summary, steps, verdicts and notes."""
-    from rebalance.core.backtest import Policy, WindowHistory, backtest, calibrate
+def load_judged(name: str, directory: Path, calibration_share: float, quick: bool = False):
+    """A trace's windows as the benchmark judges them: (trace, counts, history, the first
+    judged window)."""
+    from rebalance.core.backtest import WindowHistory
 
     trace = trace_lib.TRACES[name]
-    t0 = time.perf_counter()
     frame = trace_lib.load(name, directory,
                            windows=QUICK_WINDOWS[name] if quick else trace.bench_windows)
     history = WindowHistory.from_counts(frame, key="key", window="window", count="count",
                                         n_instances=trace.n_instances)
+    return trace, frame, history, judged_from(history.n_windows, trace.period, calibration_share)
+
+
+def run_trace(name: str, quick: bool, method: str, calibration_share: float, directory: Path,
+              log) -> dict:
+    """Load, calibrate and backtest one trace; the summary, steps, verdicts and notes."""
+    from rebalance.core.backtest import Policy, backtest, calibrate
+
+    t0 = time.perf_counter()
+    trace, frame, history, cut = load_judged(name, directory, calibration_share, quick)
     theta = trace.theta
     load_s = time.perf_counter() - t0
-    cut = judged_from(history.n_windows, trace.period, calibration_share)
     if cut >= history.n_windows - 2:
         raise SystemExit(f"backtest_benchmark: trace {name} has {history.n_windows} windows, "
                          f"too few for a calibration prefix of {cut}")
@@ -249,12 +257,9 @@ def sensitivity(name: str, calibration_share: float, method: str, directory: Pat
     """``auto`` on one trace under each of :data:`SENSITIVITY`'s settings, judged on the same
     windows as the benchmark's tables, beside ``last-1`` (the goal: at least twice its share
     where it is below 50 %)."""
-    from rebalance.core.backtest import Policy, WindowHistory, backtest
+    from rebalance.core.backtest import Policy, backtest
 
-    trace = trace_lib.TRACES[name]
-    frame = trace_lib.load(name, directory, windows=trace.bench_windows)
-    history = WindowHistory.from_counts(frame, n_instances=trace.n_instances)
-    cut = judged_from(history.n_windows, trace.period, calibration_share)
+    trace, _, history, cut = load_judged(name, directory, calibration_share)
     pols = [Policy.of("mean:windows=1", method=method, name=TODAY),
             Policy.of("auto", method=method, name=DEFAULT)]
     rows = []
