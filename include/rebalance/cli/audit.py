@@ -19,6 +19,7 @@ cli.py registers both with :func:`add_subcommands`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from typing import Any
@@ -66,8 +67,10 @@ def history(args: argparse.Namespace) -> int:
     store = PlanStore(spark)
     refuse_unreadable_tables(spark, store.root)
     limit = args.limit or None
-    plan_commits = list(reversed(store.history(PLANS)))[:limit]
-    versions = (tables.assignment_history(spark)[:limit]
+    # newest first, and only as many commits as shown (the history is read in pages)
+    plan_commits = (list(itertools.islice(tables.commits(spark, PLANS, store.root), limit))
+                    if tables.exists(spark, PLANS, store.root) else [])
+    versions = (tables.assignment_history(spark, limit=limit)
                 if tables.exists(spark, tables.ASSIGNMENTS) else [])
     live = tables.latest_assignment_version(spark) if versions else 0
     plans = {p.plan_id: p for p in store.plans()}

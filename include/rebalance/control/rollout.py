@@ -197,13 +197,14 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
             raise ApplyRefused(f"plan {plan_id}: {exc}") from None
         if note:
             log.warning("plan %s: %s", plan_id, note)
-    if published_version(spark, plan_id)[0] is None:  # not a retry of a done publish
+    after = record.base_assignment_version   # a plan is published after its base version
+    if published_version(spark, plan_id, after)[0] is None:  # not a retry of a done publish
         down = job_down_reason(spark)
         if down:
             raise RunSkipped(f"plan {plan_id}: {down}")
     try:
         with store.lease(APPLY_LEASE, plan_id, APPLY_LEASE_SECONDS):
-            version, applied_at = published_version(spark, plan_id)
+            version, applied_at = published_version(spark, plan_id, after)
             if version is None:
                 latest = tables.latest_assignment_version(spark)
                 if latest != record.base_assignment_version:
@@ -244,11 +245,14 @@ def gate_and_apply(stored: Mapping[str, Any], dry_run: bool = False) -> dict[str
     return published if dry_run else apply(published)
 
 
-def published_version(spark, plan_id: str) -> tuple[int | None, dt.datetime | None]:
-    """The assignment version a plan was published as, from the Delta history (or None)."""
+def published_version(spark, plan_id: str, after: int | None = None,
+                      ) -> tuple[int | None, dt.datetime | None]:
+    """The assignment version a plan was published as, from the Delta history (or None).
+    ``after``: the plan's base assignment version; only the commits since are read, so
+    the cost does not grow with the table's age."""
     from rebalance.spark import tables
 
-    for commit in tables.assignment_history(spark):
+    for commit in tables.assignment_history(spark, after=after or None):
         if commit.metadata.get("plan_id") == plan_id:
             return int(commit.version), as_utc(commit.timestamp)
     return None, None
@@ -310,7 +314,8 @@ def roll_back_assignment(spark, record: PlanRecord) -> int:
     """Publish the plan's base assignment again as the newest version (once per plan)."""
     from rebalance.spark import tables
 
-    for commit in tables.assignment_history(spark):
+    # the rollback comes after the plan's own version, itself after its base version
+    for commit in tables.assignment_history(spark, after=record.base_assignment_version or None):
         if commit.metadata.get("rollback_of") == record.plan_id:
             return int(commit.version)
     base = tables.read_assignment(spark, version=record.base_assignment_version or 0)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from numbers import Integral
@@ -380,6 +380,31 @@ def history(spark: SparkSession, table: Table, root: str | Path | None = None,
             for r in sorted(rows, key=lambda r: -r.version)]
 
 
+#: The first page of :func:`commits`; each next page is twice as large.
+FIRST_PAGE = 16
+
+
+def commits(spark: SparkSession, table: Table, root: str | Path | None = None,
+            after: int | None = None) -> Iterator[Commit]:
+    """The table's commits newest first (those with a version above ``after`` when given),
+    read in pages that double in size: a caller that stops at the commit it looks for
+    reads about twice the commits newer than it, however old the table is (``history``
+    without a limit reads every commit the log still holds). A commit made while it
+    pages is not yielded: versions only go down."""
+    size, below = FIRST_PAGE, None
+    while True:
+        page = history(spark, table, root, limit=size)
+        for commit in page:
+            if after is not None and commit.version <= after:
+                return
+            if below is None or commit.version < below:
+                below = commit.version
+                yield commit
+        if len(page) < size or (page and page[-1].version == 0):
+            return
+        size *= 2
+
+
 def _parse_metadata(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
@@ -515,7 +540,7 @@ def read_assignment(spark: SparkSession, version: int | None = None,
     if version is not None and rows and resolved != version:
         raise AssignmentError(f"version {version} of the assignments table is not a publish "
                               f"(its data was published in version {resolved})")
-    meta = next((c.metadata for c in history(spark, ASSIGNMENTS, root)
+    meta = next((c.metadata for c in commits(spark, ASSIGNMENTS, root, after=resolved - 1)
                  if c.version == resolved), {})
     routing = {r.key: int(r.instance) for r in rows if r.key is not None}
     return Assignment(resolved, assignments_n_instances(spark, root), routing, meta)
@@ -527,6 +552,14 @@ def latest_assignment_version(spark: SparkSession, root: str | Path | None = Non
     return int(seen) if seen is not None else 0
 
 
-def assignment_history(spark: SparkSession, root: str | Path | None = None) -> list[Commit]:
-    """Publishes of the assignments table, newest first (the audit trail)."""
-    return [c for c in history(spark, ASSIGNMENTS, root) if c.metadata.get("kind") == "assignment"]
+def assignment_history(spark: SparkSession, root: str | Path | None = None,
+                       after: int | None = None, limit: int | None = None) -> list[Commit]:
+    """Publishes of the assignments table, newest first (the audit trail): those above
+    version ``after``, at most ``limit`` (the newest); all of them when neither is given."""
+    out: list[Commit] = []
+    for commit in commits(spark, ASSIGNMENTS, root, after=after):
+        if limit is not None and len(out) >= limit:
+            break
+        if commit.metadata.get("kind") == "assignment":
+            out.append(commit)
+    return out

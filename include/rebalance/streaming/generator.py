@@ -211,7 +211,7 @@ def next_batch(spark, config: GeneratorConfig, root: str | Path | None = None,
 
     if not tables.exists(spark, tables.EVENTS, root):
         return 0
-    for commit in tables.history(spark, tables.EVENTS, root):
+    for commit in tables.commits(spark, tables.EVENTS, root):   # newest first, paged
         if commit.metadata.get("kind") != COMMIT_KIND:
             continue
         recorded = commit.metadata.get("config") or {}
@@ -228,21 +228,27 @@ def next_batch(spark, config: GeneratorConfig, root: str | Path | None = None,
     return 0
 
 
-def appended_batches(spark, config: GeneratorConfig, root: str | Path | None = None) -> set[int]:
-    """The batches of this configuration's stream already in ``events``."""
+def last_appended_batch(spark, config: GeneratorConfig,
+                        root: str | Path | None = None) -> int | None:
+    """The newest batch of this configuration's stream in ``events`` (None: none). Its
+    transaction makes Delta skip every batch up to it, so nothing older is looked for:
+    the newest commits are read, not the whole history (the live generator asks before
+    each append, for months)."""
     from rebalance.spark import tables
 
     if not tables.exists(spark, tables.EVENTS, root):
-        return set()
+        return None
     mine = config.to_dict()
-    return {int(c.metadata["batch"]) for c in tables.history(spark, tables.EVENTS, root)
-            if c.metadata.get("kind") == COMMIT_KIND and c.metadata.get("config") == mine}
+    return next((int(c.metadata["batch"]) for c in tables.commits(spark, tables.EVENTS, root)
+                 if c.metadata.get("kind") == COMMIT_KIND and c.metadata.get("config") == mine),
+                None)
 
 
 def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
                    root: str | Path | None = None) -> list[int]:
     """Append each batch as one commit (one file) to ``events``; return the batches written
-    (a batch already in the table is skipped and not returned).
+    (a batch at or below the newest of this stream in the table is skipped and not
+    returned: its transaction id is not above the one recorded).
 
     Idempotent: each append is a Delta transaction ``(generator-<fingerprint>, batch)``,
     so a batch already appended is skipped (also when two writers race).
@@ -252,10 +258,10 @@ def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
     tables.ensure_table(spark, tables.EVENTS, root)
     config = generator.config
     batches = list(batches)
-    done = appended_batches(spark, config, root) if batches else set()
+    last = last_appended_batch(spark, config, root) if batches else None
     written = []
     for b in batches:
-        if b in done:
+        if last is not None and b <= last:   # Delta's transaction would skip it
             continue
         generated = generator.batch(b)
         df = spark.createDataFrame(generated.events, schema=tables.EVENTS.schema).coalesce(1)

@@ -94,8 +94,12 @@ class VersionGuard:
         return not blocks(self.metadata.get(version, {}), self.n_instances)
 
     def _refresh(self) -> None:
+        """Read the publishes not read yet: only those after the version in force matter,
+        and the history is read from the newest known on (its cost stays flat as the table
+        ages)."""
         if tables.exists(self.spark, tables.ASSIGNMENTS, self.root):
-            for commit in tables.assignment_history(self.spark, self.root):
+            after = max([self.in_force, *self.metadata])
+            for commit in tables.assignment_history(self.spark, self.root, after=after):
                 self.metadata[int(commit.version)] = commit.metadata
 
 

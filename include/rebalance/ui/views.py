@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from rebalance.core.records import PlanRecord
+from rebalance.core.records import PlanRecord, as_utc
 from rebalance.spark import tables
 from rebalance.spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
 
@@ -101,17 +101,28 @@ def plan(spark, plan_id: str) -> dict[str, Any]:
                   for r in moved.itertuples()],
         "validation": record.validation,
         "verification": {k: _iso(v) for k, v in record.verification.items()},
-        "commits": commits(spark, plan_id),
+        "commits": commits(spark, plan_id, since=record.created_at),
     }
 
 
-def commits(spark, plan_id: str) -> list[dict[str, Any]]:
-    """The Delta commits that name the plan, oldest first, across its tables."""
+#: How long before a plan's ``created_at`` its commits are looked for (clocks of the
+#: Airflow workers and of the storage may differ this much).
+COMMITS_SLACK = dt.timedelta(hours=1)
+
+
+def commits(spark, plan_id: str, since: dt.datetime | None = None) -> list[dict[str, Any]]:
+    """The Delta commits that name the plan, oldest first, across its tables. With
+    ``since`` (the plan's creation time), each table's history is read newest first down
+    to then (less :data:`COMMITS_SLACK`), not whole: the page reads the commits made since
+    the plan, however old the tables are."""
+    floor = as_utc(since) - COMMITS_SLACK if since is not None else None
     out = []
     for table in (PLANS, PLAN_ASSIGNMENTS, tables.ASSIGNMENTS):
         if not tables.exists(spark, table):
             continue
-        for c in tables.history(spark, table):
+        for c in tables.commits(spark, table):
+            if floor is not None and c.timestamp is not None and as_utc(c.timestamp) < floor:
+                break
             if c.metadata.get("plan_id") == plan_id:
                 out.append({"table": table.name, "version": int(c.version),
                             "timestamp": _iso(c.timestamp), "operation": c.operation,
@@ -119,11 +130,12 @@ def commits(spark, plan_id: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda c: (c["timestamp"] or "", c["table"], c["version"]))
 
 
-def assignments(spark) -> list[dict[str, Any]]:
-    """Every published assignment version, newest first; the live one is marked."""
+def assignments(spark, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest ``limit`` published assignment versions, newest first; the live one
+    (the newest) is marked. (``rebalance history --limit 0`` lists them all.)"""
     if not tables.exists(spark, tables.ASSIGNMENTS):
         return []
-    history = tables.assignment_history(spark)
+    history = tables.assignment_history(spark, limit=limit)
     live = max((int(c.version) for c in history), default=None)
     return [{"version": int(c.version), "timestamp": _iso(c.timestamp), "live": int(c.version) == live,
              "action": c.metadata.get("action"), "plan_id": c.metadata.get("plan_id"),
@@ -206,7 +218,8 @@ def realised_imbalance(spark, windows: int = 60) -> dict[str, Any]:
     records = {r.plan_id: r for r in PlanStore(spark).plans()} if tables.exists(spark, PLANS) \
         else {}
     theta_of = {int(c.version): float(records[c.metadata["plan_id"]].params["theta"])
-                for c in tables.assignment_history(spark)
+                # only the versions the windows shown ran under
+                for c in tables.assignment_history(spark, after=int(versions.min()) - 1)
                 if c.metadata.get("action") != "rollback"
                 and c.metadata.get("plan_id") in records
                 and "theta" in records[c.metadata["plan_id"]].params}
