@@ -35,6 +35,9 @@ def test_session_factory_configuration(spark):
     assert any("delta-spark" in j for j in conf.get("spark.jars").split(","))
     # the JVM keeps 1000 generated classes, not Spark's 100 (a static conf: set at start)
     assert spark.conf.get("spark.sql.codegen.cache.maxEntries") == "1000"
+    # the test session's driver heap (tests/conftest.py): 3 GiB, not Spark's default 1 GiB
+    max_heap = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory()
+    assert max_heap > 2.5 * 2**30, max_heap
 
 
 def test_session_conf_precedence(monkeypatch):

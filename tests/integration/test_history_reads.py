@@ -100,3 +100,45 @@ def test_the_generator_asks_for_its_newest_batch_only(spark, tmp_path, paged):
     paged.clear()
     assert last_appended_batch(spark, config, root) == 5
     assert paged == [2, 4]
+
+
+def test_the_cooldown_reads_the_newest_live_interval_end_as_the_records_give_it(spark, tmp_path):
+    """``last_live_plan_before`` (the detect task's cooldown, once per run) is computed by
+    Spark from two columns; it gives what the full records give."""
+    import datetime as dt
+
+    from rebalance.core.records import LIVE_STATUSES, PlanRecord
+    from rebalance.spark import tables
+    from rebalance.spark.plan_store import PLANS, PlanStore
+
+    utc = dt.timezone.utc
+    t = lambda minute: dt.datetime(2026, 11, 28, 6, minute, tzinfo=utc)  # noqa: E731
+    store = PlanStore(spark, root=str(tmp_path / "control"))
+    assert store.last_live_plan_before(t(59)) is None          # no plans table yet
+
+    def plan(pid, status, run, end=None, applied=None):
+        return PlanRecord(pid, status, "auto", "rebalance", run, "scheduled",
+                          data_interval_end=end,
+                          verification={"applied_at": applied.isoformat()} if applied else {})
+
+    records = [plan("a", "verified", "r1", end=t(10)),
+               plan("b", "diverged", "r2", end=t(20)),
+               plan("c", "proposed", "r3", end=t(40)),                # not live
+               plan("d", "applied", "r4", end=t(50)),                 # after `when` below
+               plan("e", "applied", "r5", applied=t(30)),             # a rollback: no interval
+               plan("f", "verified", "r6", end=t(35))]
+    store.ensure(PLANS)
+    tables.append(spark.createDataFrame([r.to_row() for r in records], PLANS.schema), PLANS,
+                  store.root)
+
+    def by_records(when, exclude):
+        times = [p.data_interval_end or p.applied_at for p in store.plans(LIVE_STATUSES)
+                 if p.run_id != exclude]
+        times = [x for x in times if x is not None and x <= when]
+        return max(times) if times else None
+
+    for when, exclude, want in [(t(45), "none", t(35)), (t(45), "r6", t(30)),
+                                (t(32), "r6", t(30)), (t(25), "r6", t(20)),
+                                (t(15), "r1", None), (t(59), "none", t(50))]:
+        got = store.last_live_plan_before(when, exclude_run=exclude)
+        assert got == want == by_records(when, exclude), (when, exclude, got)

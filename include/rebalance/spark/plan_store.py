@@ -32,6 +32,7 @@ id, run id, plan id, method, metrics, ...): the Delta history of ``plans`` and
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -189,9 +190,20 @@ class PlanStore:
         on data up to ``when`` (excluding one run's plans). Data-interval time, so the
         cooldown holds for backfills and replays too; a rollback (no interval) counts at
         the time it was applied."""
-        times = [p.data_interval_end or p.applied_at for p in self.plans(LIVE_STATUSES)
-                 if p.run_id != exclude_run]
-        times = [t for t in times if t is not None and t <= when]
+        # The detect task asks once per run: two columns of the live plans are read, and the
+        # newest interval end is found by Spark, not every live plan's record (their inputs
+        # and metrics make the rows large, and there are more every day).
+        from pyspark.sql import functions as F
+
+        end = F.col("data_interval_end")
+        live = (self.df(PLANS).where(F.col("status").isin(list(LIVE_STATUSES)))
+                .where(~F.col("run_id").eqNullSafe(F.lit(exclude_run))))
+        row = live.select(
+            F.max(F.when(end <= F.lit(when), end)).alias("latest"),
+            F.collect_list(F.when(end.isNull(), F.col("verification"))).alias("rollbacks"),
+        ).first()
+        times = [as_utc(json.loads(v or "{}").get("applied_at")) for v in row.rollbacks]
+        times = [t for t in [as_utc(row.latest), *times] if t is not None and t <= when]
         return max(times) if times else None
 
     def propose(self, record: PlanRecord, frame: pd.DataFrame) -> PlanRecord:
