@@ -557,9 +557,11 @@ def assignment_history(spark: SparkSession, root: str | Path | None = None,
     """Publishes of the assignments table, newest first (the audit trail): those above
     version ``after``, at most ``limit`` (the newest); all of them when neither is given."""
     out: list[Commit] = []
+    if limit is not None and limit <= 0:
+        return out
     for commit in commits(spark, ASSIGNMENTS, root, after=after):
-        if limit is not None and len(out) >= limit:
-            break
         if commit.metadata.get("kind") == "assignment":
             out.append(commit)
+            if limit is not None and len(out) >= limit:
+                break   # not one commit (or page) more than the limit needs
     return out
