@@ -4,7 +4,8 @@ instance i in partition i, a live assignment switch, quarantine, late events, va
 One scenario runs once for the module (about a minute and a half on 2 cores):
 
 1. generate batches 0-2; start the job (processing-time trigger) and process them;
-2. publish assignment version v1 moving two hot keys, while the job keeps running;
+2. publish assignment version v1 moving two hot keys and splitting a third over the
+   three instances, while the job keeps running;
 3. generate batches 3-4 and process them; stop;
 4. "crash": delete the last entry of each checkpoint's commit log, so the last
    micro-batch is replayed; append three late events and batch 5; run the job
@@ -41,6 +42,7 @@ class Scenario:
     expected: pd.DataFrame      # valid generator events: key, value, cost, window
     malformed: pd.DataFrame     # event_id, kind of the malformed generator events
     moved: dict[str, int]       # key -> instance of assignment v1
+    split: dict[str, dict[int, float]]  # key -> {instance: share} of assignment v1
     version: int                # v1
     results: pd.DataFrame
     key_hist: pd.DataFrame
@@ -52,6 +54,7 @@ class Scenario:
     rerun_first_batch: int      # the first batch the restarted job ran
     written_before_crash: set[tuple[str, int]]  # (table, batch id) committed before the crash
     commits: dict[str, list[int]]  # table -> batch ids of its commits, in commit order
+    final: pd.DataFrame         # window_results
 
 
 def _expected(gen, batches) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -63,7 +66,8 @@ def _expected(gen, batches) -> tuple[pd.DataFrame, pd.DataFrame]:
         ms = (pd.to_datetime(ev["event_time"], utc=True)
               - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1)
         ok_frames.append(pd.DataFrame({
-            "key": ev["key"].to_numpy(), "value": ev["value"].astype(float).to_numpy(),
+            "event_id": ev["event_id"].to_numpy(), "key": ev["key"].to_numpy(),
+            "value": ev["value"].astype(float).to_numpy(),
             "cost": ev["cost"].astype(float).to_numpy(),
             "window": (ms - ms % W_MS - T0_MS).to_numpy()}))
         bad_frames.append(pd.DataFrame({"event_id": generated.events.loc[~ok, "event_id"],
@@ -100,7 +104,7 @@ def _batch_commits(spark, root) -> dict[str, list[int]]:
     return {t.name: [c.metadata["batch_id"] for c in reversed(tables.history(spark, t, root))
                      if "batch_id" in c.metadata]
             for t in (tables.RESULTS, tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS,
-                      tables.QUARANTINE)}
+                      tables.QUARANTINE, tables.WINDOW_RESULTS)}
 
 
 def _table(spark, table, root) -> pd.DataFrame:
@@ -142,9 +146,10 @@ def scenario(spark, small_delta_snapshots, tmp_path_factory) -> Scenario:
     job = start_job(spark, config)
     job.process_all_available()
     # Switch the two hottest keys to another instance while the job runs.
-    hot = expected[expected.window < 3 * W_MS]["key"].value_counts().index[:2]
-    moved = {k: int((d + 1) % N) for k, d in zip(hot, default_instances(list(hot), N))}
-    version = tables.publish_assignment(spark, moved, N, {"reason": "test"}, root)
+    hot = expected[expected.window < 3 * W_MS]["key"].value_counts().index[:3]
+    moved = {k: int((d + 1) % N) for k, d in zip(hot[:2], default_instances(list(hot[:2]), N))}
+    split = {hot[2]: {0: 0.5, 1: 0.3, 2: 0.2}}
+    version = tables.publish_assignment(spark, moved, N, {"reason": "test"}, root, splits=split)
     append_batches(spark, gen, range(3, 5), root)
     _settle(job)
     job.stop()
@@ -166,11 +171,12 @@ def scenario(spark, small_delta_snapshots, tmp_path_factory) -> Scenario:
                        * 1000) - T0_MS
     dropped = sum(op.get("numRowsDroppedByWatermark", 0)
                   for p in progress for op in p["stateOperators"])
-    return Scenario(expected, malformed, moved, version,
+    return Scenario(expected, malformed, moved, split, version,
                     _table(spark, tables.RESULTS, root), _table(spark, tables.KEY_HISTOGRAMS, root),
                     _table(spark, tables.INSTANCE_HISTOGRAMS, root),
                     _table(spark, tables.QUARANTINE, root), watermark_ms, dropped, replayed,
-                    progress[0]["batchId"], before, _batch_commits(spark, root))
+                    progress[0]["batchId"], before, _batch_commits(spark, root),
+                    _table(spark, tables.WINDOW_RESULTS, root))
 
 
 def _defaults(keys) -> np.ndarray:
@@ -192,7 +198,8 @@ def test_results_equal_a_batch_recomputation_with_no_loss_and_no_duplicates(scen
     pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
     # The last row of each (key, window, instance) holds the final running aggregates.
     last = res.sort_values("batch_id").groupby(["key", "window", "instance"]).last().reset_index()
-    unmoved = last[~last.key.isin(scenario.moved)].set_index(["key", "window"])
+    unmoved = last[~last.key.isin([*scenario.moved, *scenario.split])].set_index(
+        ["key", "window"])
     sums = exp.groupby(["key", "window"]).agg(count=("value", "size"), sum=("value", "sum"))
     sums = sums.loc[unmoved.index]
     assert (unmoved["count"] == sums["count"]).all()
@@ -218,6 +225,7 @@ def test_new_assignment_version_is_used_from_the_next_batch_on(scenario):
     assert set(before["assignment_version"]) == {0}
     assert set(after["assignment_version"]) == {scenario.version}
     assert (before["instance"] == _defaults(before["key"])).all()
+    after = after[~after.key.isin(scenario.split)]
     routed = after["key"].map(scenario.moved).fillna(pd.Series(_defaults(after["key"]),
                                                                index=after.index))
     assert (after["instance"] == routed.astype(int)).all()
@@ -229,6 +237,51 @@ def test_new_assignment_version_is_used_from_the_next_batch_on(scenario):
     exp = scenario.expected
     two_windows = exp[(exp.key == key) & exp.window.between(2 * W_MS, 3 * W_MS)]
     assert first["sliding_count"] < len(two_windows)
+
+
+@pytest.mark.slow
+def test_a_split_key_spreads_its_events_by_event_id_over_its_shares(scenario):
+    from rebalance.core.placement import split_instances, split_points
+
+    (key, parts), = scenario.split.items()
+    exp, res = scenario.expected, scenario.results
+    after = exp[(exp.key == key) & (exp.window >= 3 * W_MS)]
+    want = after.assign(instance=split_instances(
+        split_points(after["event_id"].tolist()), list(parts), list(parts.values())))
+    want = want.groupby(["window", "instance"]).size()
+    got = res[(res.key == key) & (res.window >= 3 * W_MS)].astype({"instance": "int64"}).groupby(
+        ["window", "instance"])["events"].sum()
+    got = got[got > 0]
+    pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
+    # every instance got a part, and the parts follow the shares
+    per_instance = want.groupby(level="instance").sum()
+    assert set(per_instance.index) == set(parts)
+    assert per_instance.idxmax() == 0 and per_instance.idxmin() == 2
+
+
+@pytest.mark.slow
+def test_window_results_hold_one_exact_row_per_closed_window_and_key(scenario):
+    final, exp = scenario.final, scenario.expected
+    assert not final.duplicated(["window", "key"]).any()
+    assert (final.window + W_MS <= scenario.watermark_ms).all()
+    closed = exp[exp.window + W_MS <= scenario.watermark_ms]
+    want = closed.groupby(["key", "window"]).agg(
+        count=("value", "size"), sum=("value", "sum"), cost=("cost", "sum"))
+    got = final.set_index(["key", "window"]).sort_index()
+    assert got.index.equals(want.sort_index().index)
+    want = want.sort_index()
+    assert (got["count"] == want["count"]).all()
+    assert np.allclose(got["sum"], want["sum"]) and np.allclose(got["cost"], want["cost"])
+    # the sliding aggregates are exact for every key: moved by the live switch and split too
+    for (key, window), row in got.iterrows():
+        inside = exp[(exp.key == key) & (exp.window > window - N_WINDOWS * W_MS)
+                     & (exp.window <= window)]
+        assert row["sliding_count"] == len(inside), (key, window)
+        assert row["sliding_sum"] == pytest.approx(inside["value"].sum())
+    (key, parts), = scenario.split.items()
+    split_rows = got.loc[key]
+    assert (split_rows.loc[split_rows.index >= 3 * W_MS, "instances"] == len(parts)).all()
+    assert (split_rows.loc[split_rows.index < 3 * W_MS, "instances"] == 1).all()
 
 
 @pytest.mark.slow
@@ -290,6 +343,14 @@ def test_assignment_versions_read_back_and_an_empty_routing_keeps_a_version(spar
     assert [c.version for c in tables.assignment_history(spark, root)] == [2, 1]
     with pytest.raises(tables.AssignmentError, match="for 2 instances, not 3"):
         tables.publish_assignment(spark, {"a": 1}, 3, root=root)
+    v3 = tables.publish_assignment(spark, {"a": 1}, 2, {"plan": "p3"}, root,
+                                   splits={"b": {1: 0.25, 0: 0.75}})
+    split = tables.read_assignment(spark, version=v3, root=root)
+    assert split.splits == {"b": {0: 0.75, 1: 0.25}}
+    assert split.routing == {"a": 1, "b": 0}    # a split key's largest share
+    assert (split.metadata["table_size"], split.metadata["split_keys"]) == (3, 1)
+    with pytest.raises(tables.AssignmentError, match="not one of its split instances"):
+        tables.publish_assignment(spark, {"b": 1}, 3, root=root, splits={"b": {0: 0.5, 2: 0.5}})
 
 
 @pytest.mark.slow

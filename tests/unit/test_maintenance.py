@@ -130,11 +130,11 @@ def test_unknown_steps_and_tables_are_refused_before_any_spark_work():
 
 def test_what_each_table_gets():
     assert [n for n, p in m.POLICIES.items() if p.zorder] == [
-        "results", "key_histograms", "instance_histograms"]
+        "results", "window_results", "key_histograms", "instance_histograms"]
     assert [n for n, p in m.POLICIES.items() if p.protect_plan_windows] == [
         "key_histograms", "instance_histograms"]
     assert [n for n, p in m.POLICIES.items() if p.retention] == [
-        "events", "results", "key_histograms", "instance_histograms"]
+        "events", "results", "window_results", "key_histograms", "instance_histograms"]
     assert m.POLICIES["assignments"].no_vacuum and m.POLICIES["assignments"].no_optimize
     assert m.POLICIES["control"].no_optimize and not m.POLICIES["control"].no_vacuum
 

@@ -246,3 +246,33 @@ def group_instances(n_instances: int, n_groups: int = DEFAULT_KEY_GROUPS) -> np.
 def default_instances(keys, n_instances: int, n_groups: int = DEFAULT_KEY_GROUPS) -> np.ndarray:
     """Default instance h(k) of each key for ``n_instances`` instances."""
     return group_instances(n_instances, n_groups)[key_groups(keys, n_groups)]
+
+
+# --------------------------------------------------------------------------- split keys
+
+#: A split key's events are spread over its instances by a point of each event's id in
+#: ``[0, SPLIT_POINTS)``: ``pmod(hash(event_id), SPLIT_POINTS)`` (Spark SQL's ``hash``).
+#: Every copy of an event (a producer's retry, a replay) gets the same point, so it goes
+#: to the same instance, whose state drops the copy.
+SPLIT_POINTS = 1 << 20
+
+
+def split_points(event_ids) -> np.ndarray:
+    """The point of each event id in ``[0, SPLIT_POINTS)``, as Spark computes it."""
+    return np.mod(spark_hash_strings(event_ids).astype(np.int64), SPLIT_POINTS)
+
+
+def share_bounds(shares) -> np.ndarray:
+    """Upper bounds of the shares' point ranges, in the order given (by instance):
+    ``floor(cumulative share * SPLIT_POINTS + 0.5)``. Spark computes the same doubles
+    (a running sum in instance order) and the same rounding."""
+    cumulative = np.cumsum(np.asarray(shares, dtype=np.float64))
+    return np.floor(cumulative * SPLIT_POINTS + 0.5).astype(np.int64)
+
+
+def split_instances(points, instances, shares) -> np.ndarray:
+    """The instance of each point for one split key: ``instances`` (increasing) with their
+    ``shares``; a point goes to the first instance whose upper bound is above it."""
+    bounds = share_bounds(shares)
+    index = np.searchsorted(bounds, np.asarray(points, dtype=np.int64), side="right")
+    return np.asarray(instances, dtype=np.int64)[np.minimum(index, len(bounds) - 1)]

@@ -103,6 +103,8 @@ POLICIES: dict[str, Policy] = {p.table.name: p for p in (
     Policy(tables.QUARANTINE),
     Policy(tables.RESULTS, retention="results_retention_days", time_column="window_start",
            zorder=True),
+    Policy(tables.WINDOW_RESULTS, retention="results_retention_days",
+           time_column="window_start", zorder=True),
     Policy(tables.KEY_HISTOGRAMS, **_HISTOGRAMS),
     Policy(tables.INSTANCE_HISTOGRAMS, **_HISTOGRAMS),
     Policy(tables.RESTARTS),

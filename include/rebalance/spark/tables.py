@@ -28,6 +28,12 @@ that wrote them: a reader that sees only the data (the streaming job's
 stream-static join) still knows exactly which version it used. The table-level
 ``n_instances`` is the table property ``rebalance.n_instances``, fixed when the
 table is created.
+
+A *split* key (``share`` not NULL) has one row per instance it is spread over, each with
+its share of the key's events (> 0, summing to 1): the job sends an event of the key to
+one of them by a point of its ``event_id`` (:func:`rebalance.core.placement.split_instances`),
+each instance keeps a partial state, and ``window_results`` merges the partials of a
+window into one row. A whole key has one row with ``share`` NULL.
 """
 
 from __future__ import annotations
@@ -55,15 +61,17 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from rebalance.core.assignment import (  # noqa: F401 (part of this module's API)
+    AssignmentError,
+    primary_instance,
+    validate_routing,
+    validate_splits,
+)
 from rebalance.spark.paths import data_dir
 
 
 class TableError(RuntimeError):
     """A table is missing, or data does not fit its schema."""
-
-
-class AssignmentError(ValueError):
-    """An assignment cannot be published or read (bad routing, wrong instance count)."""
 
 
 class UnreadableTableError(TableError, ValueError):
@@ -144,8 +152,17 @@ INSTANCE_HISTOGRAMS = Table(
     "the operator spent on the window's events (wall clock and CPU), and the events it "
     "dropped as duplicates (an event_id its key saw within the watermark; NULL in rows "
     "written before the column was added).")
+WINDOW_RESULTS = Table(
+    "window_results",
+    "window_start TIMESTAMP, key STRING, count BIGINT, sum DOUBLE, cost DOUBLE, "
+    "sliding_count BIGINT, sliding_sum DOUBLE, instances INT, assignment_version BIGINT, "
+    "batch_id BIGINT",
+    "Per closed window and key, one final row: count, sum of value and cost merged over the "
+    "instances that processed the key in the window (the shares of a split key, both sides "
+    "of a live switch), and the sliding count and sum over the last w windows; written once, "
+    "in the micro-batch whose watermark closes the window.")
 ASSIGNMENTS = Table(
-    "assignments", "key STRING, instance INT",
+    "assignments", "key STRING, instance INT, share DOUBLE",
     "Routing table over the default placement, one Delta version per publish (see module doc).",
     properties={"delta.enableRowTracking": "true"})
 
@@ -167,8 +184,8 @@ JOBS = Table(
 
 #: Every table by name.
 TABLES: dict[str, Table] = {t.name: t for t in (
-    EVENTS, QUARANTINE, RESULTS, KEY_HISTOGRAMS, INSTANCE_HISTOGRAMS, ASSIGNMENTS, RESTARTS,
-    JOBS)}
+    EVENTS, QUARANTINE, RESULTS, KEY_HISTOGRAMS, INSTANCE_HISTOGRAMS, WINDOW_RESULTS,
+    ASSIGNMENTS, RESTARTS, JOBS)}
 
 N_INSTANCES_PROPERTY = "rebalance.n_instances"
 
@@ -430,25 +447,11 @@ class Assignment:
 
     version: int
     n_instances: int
+    #: key -> instance; a split key maps to the instance of its largest share
     routing: dict[str, int]
     metadata: dict[str, Any]
-
-
-def validate_routing(routing: Mapping[str, int], n_instances: int) -> dict[str, int]:
-    """Check a routing table (key -> instance) and return it as a plain sorted dict."""
-    if isinstance(n_instances, bool) or not isinstance(n_instances, Integral) or n_instances < 1:
-        raise AssignmentError(f"n_instances must be an integer >= 1, got {n_instances!r}")
-    out: dict[str, int] = {}
-    for key, instance in routing.items():
-        if not isinstance(key, str) or not key:
-            raise AssignmentError(f"routing keys must be non-empty strings, got {key!r}")
-        if isinstance(instance, bool) or int(instance) != instance:
-            raise AssignmentError(f"instance of key {key!r} must be an integer, got {instance!r}")
-        if not 0 <= int(instance) < n_instances:
-            raise AssignmentError(
-                f"instance of key {key!r} is {instance}, outside [0, {n_instances})")
-        out[key] = int(instance)
-    return dict(sorted(out.items()))
+    #: split key -> {instance: share}, instances increasing
+    splits: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 def create_assignments(spark: SparkSession, n_instances: int,
@@ -497,19 +500,31 @@ def assignments_n_instances(spark: SparkSession, root: str | Path | None = None)
 
 def publish_assignment(spark: SparkSession, routing: Mapping[str, int], n_instances: int,
                        metadata: Mapping[str, Any] | None = None,
-                       root: str | Path | None = None) -> int:
+                       root: str | Path | None = None,
+                       splits: Mapping[str, Mapping[int, float]] | None = None) -> int:
     """Publish ``routing`` as a new assignment version (one Delta commit); return the version.
 
-    Creates the table for ``n_instances`` if needed. ``metadata`` (e.g. plan id,
-    method, metrics) goes into the commit's userMetadata with ``n_instances``,
-    ``table_size`` and a ``publish_id``.
+    Creates the table for ``n_instances`` if needed. ``splits`` (key -> {instance:
+    share}) spreads keys over several instances (:func:`validate_splits`); a split key's
+    entry in ``routing``, if any, must be one of its instances. ``metadata`` (e.g. plan
+    id, method, metrics) goes into the commit's userMetadata with ``n_instances``,
+    ``table_size`` (routing-table entries: one per whole key, one per share), the number
+    of ``split_keys`` and a ``publish_id``.
     """
     routing = validate_routing(routing, n_instances)
+    splits = validate_splits(splits, n_instances)
+    for key, parts in splits.items():
+        if key in routing and routing[key] not in parts:
+            raise AssignmentError(f"key {key!r} is routed to instance {routing[key]}, which is "
+                                  f"not one of its split instances {sorted(parts)}")
     path = create_assignments(spark, n_instances, root)
     publish_id = uuid.uuid4().hex
+    rows = ([(key, instance, None) for key, instance in routing.items() if key not in splits]
+            + [(key, instance, share) for key, parts in splits.items()
+               for instance, share in parts.items()])
     meta = {**(metadata or {}), "kind": "assignment", "publish_id": publish_id,
-            "n_instances": n_instances, "table_size": len(routing)}
-    rows = [(key, instance) for key, instance in routing.items()] + [(None, None)]
+            "n_instances": n_instances, "table_size": len(rows), "split_keys": len(splits)}
+    rows.append((None, None, None))
     (spark.createDataFrame(rows, ASSIGNMENTS.schema).write.format("delta").mode("overwrite")
      .option("userMetadata", json.dumps(meta, sort_keys=True)).save(path))
     for commit in history(spark, ASSIGNMENTS, root, limit=50):
@@ -526,8 +541,10 @@ def assignment_rows(spark: SparkSession, root: str | Path | None = None,
     ``max(assignment_version)`` over one read is the version that read saw
     (NULL before the first publish: version 0, the empty table).
     """
-    return read(spark, ASSIGNMENTS, root, version).select(
-        "key", "instance",
+    df = read(spark, ASSIGNMENTS, root, version)
+    share = F.col("share") if "share" in df.columns else F.lit(None).cast("double")
+    return df.select(
+        "key", "instance", share.alias("share"),
         F.col("_metadata.row_commit_version").cast("bigint").alias("assignment_version"))
 
 
@@ -542,8 +559,15 @@ def read_assignment(spark: SparkSession, version: int | None = None,
                               f"(its data was published in version {resolved})")
     meta = next((c.metadata for c in commits(spark, ASSIGNMENTS, root, after=resolved - 1)
                  if c.version == resolved), {})
-    routing = {r.key: int(r.instance) for r in rows if r.key is not None}
-    return Assignment(resolved, assignments_n_instances(spark, root), routing, meta)
+    routing = {r.key: int(r.instance) for r in rows if r.key is not None and r.share is None}
+    splits: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if r.key is not None and r.share is not None:
+            splits.setdefault(r.key, {})[int(r.instance)] = float(r.share)
+    splits = {k: dict(sorted(parts.items())) for k, parts in sorted(splits.items())}
+    routing.update({k: primary_instance(parts) for k, parts in splits.items()})
+    return Assignment(resolved, assignments_n_instances(spark, root), dict(sorted(routing.items())),
+                      meta, splits)
 
 
 def latest_assignment_version(spark: SparkSession, root: str | Path | None = None) -> int:

@@ -13,8 +13,9 @@ event key, value = the event as JSON with the ``events`` table's fields; see
   on, without restart), then ``groupBy(label).transformWithStateInPandas``
   (:class:`~rebalance.streaming.processor.KeyedWindowProcessor`, RocksDB state)
   with instance ``i`` pinned to shuffle partition ``i``, to ``results``,
-  ``key_histograms`` and ``instance_histograms``. With ``dedup`` (the default),
-  the operator drops events whose ``event_id`` its key already saw within the
+  ``key_histograms`` and ``instance_histograms``, and the closed windows' partials
+  merged into one row per (window, key) to ``window_results`` (:func:`window_results`).
+  With ``dedup`` (the default), the operator drops events whose ``event_id`` its key already saw within the
   watermark (a producer's retry) and counts them in ``instance_histograms.duplicates``.
 
 Both queries write with ``foreachBatch``: every append is an idempotent Delta
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -345,6 +346,43 @@ OUTPUTS: tuple[tuple[str, tables.Table, Callable[[int], list[Column]]], ...] = (
 )
 
 
+def window_results(spark: SparkSession, key_rows: DataFrame, config: JobConfig,
+                   first_window_ms: int, batch_id: int) -> DataFrame:
+    """One final row per (window, key) closed in a micro-batch, from its key-histogram rows.
+
+    Every instance closes a window in the same micro-batch (the watermark is the query's),
+    so the batch holds every partial of the windows it closes: the shares of a split key,
+    the two instances of a key a live switch moved mid-window. Count, sum and cost are
+    their sums; the sliding count and sum add the final rows of the ``w - 1`` windows
+    before, read back from ``window_results`` (closed in earlier batches) or from this
+    batch. A replay computes the same rows: the earlier windows it reads are committed and
+    never change."""
+    closed = (key_rows.groupBy("window_start_ms", "key")
+              .agg(F.sum("count").alias("count"), F.sum("sum").alias("sum"),
+                   F.sum("cost").alias("cost"), F.count(F.lit(1)).cast("int").alias("instances"),
+                   F.max("assignment_version").alias("assignment_version"))
+              .withColumn("_closed", F.lit(True)))
+    span = (config.n_windows - 1) * config.window_ms
+    rows = closed
+    if span > 0:
+        since = F.timestamp_millis(F.lit(first_window_ms - span))
+        before = F.timestamp_millis(F.lit(first_window_ms))
+        earlier = (tables.read(spark, tables.WINDOW_RESULTS, config.tables_root)
+                   .where((F.col("window_start") >= since) & (F.col("window_start") < before))
+                   .select(F.unix_millis("window_start").alias("window_start_ms"), "key",
+                           "count", "sum")
+                   .join(closed.select("key").distinct(), "key", "left_semi")
+                   .withColumn("_closed", F.lit(False)))
+        rows = closed.unionByName(earlier, allowMissingColumns=True)
+    sliding = Window.partitionBy("key").orderBy("window_start_ms").rangeBetween(-span, 0)
+    return (rows.withColumn("sliding_count", F.sum("count").over(sliding))
+            .withColumn("sliding_sum", F.sum("sum").over(sliding))
+            .where(F.col("_closed"))
+            .select(_window_start(), "key", "count", "sum", "cost", "sliding_count",
+                    "sliding_sum", "instances", "assignment_version",
+                    F.lit(batch_id).cast("bigint").alias("batch_id")))
+
+
 @dataclass
 class IdempotentSink:
     """Appends of one query's micro-batches, each exactly once.
@@ -390,13 +428,19 @@ class KeyedOutputWriter(IdempotentSink):
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch.persist()
         try:
-            versions = {row.kind: row.version for row in batch.groupBy("kind").agg(
-                F.max("assignment_version").alias("version")).collect()}
+            kinds = batch.groupBy("kind").agg(F.max("assignment_version").alias("version"),
+                                              F.min("window_start_ms").alias("first")).collect()
+            versions = {row.kind: row.version for row in kinds}
             self.before_write(batch, batch_id, versions)
             present = set(versions)
             global_id = self.batch_offset + batch_id
             writes = [(batch.where(F.col("kind") == kind).select(projection(global_id)), table)
                       for kind, table, projection in OUTPUTS if kind in present]
+            if KEY_HISTOGRAM in present:
+                first = next(row.first for row in kinds if row.kind == KEY_HISTOGRAM)
+                writes.append((window_results(
+                    self.spark, batch.where(F.col("kind") == KEY_HISTOGRAM), self.config,
+                    int(first), global_id), tables.WINDOW_RESULTS))
             if writes:
                 with ThreadPoolExecutor(max_workers=len(writes)) as pool:
                     list(pool.map(lambda w: self.append(w[0], w[1], batch_id), writes))
@@ -483,7 +527,7 @@ def start_job(spark: SparkSession, config: JobConfig) -> KeyedJob:
     check_instances(spark, config)
     record_start(spark, config, LIVE)
     for table in (tables.QUARANTINE, tables.RESULTS, tables.KEY_HISTOGRAMS,
-                  tables.INSTANCE_HISTOGRAMS):
+                  tables.INSTANCE_HISTOGRAMS, tables.WINDOW_RESULTS):
         tables.ensure_table(spark, table, config.tables_root)
     # Instance i must be shuffle partition i; the query keeps the value it starts with.
     previous = spark.conf.get("spark.sql.shuffle.partitions")

@@ -21,7 +21,8 @@ Outputs, as rows of one union schema (``kind`` tells them apart):
   ``w`` windows ending at that window (later windows whose sliding aggregate
   changed are emitted again, with ``events = 0``);
 * ``key_histogram`` / ``instance_histogram`` (with ``duplicates``): once per window, when the
-  watermark passes its end (window closed). Spark drops events older than the
+  watermark passes its end (window closed); a key's row also carries its ``sum`` of value
+  (the job's sink merges these rows into ``window_results``). Spark drops events older than the
   watermark before they reach the operator (late events, reported as
   ``numRowsDroppedByWatermark`` in the query progress), so a closed window never
   changes and each histogram row is final.
@@ -463,9 +464,9 @@ class KeyedWindowProcessor(StatefulProcessor):
     @staticmethod
     def _key_histogram(key: str, state: KeyWindows, window: int, instance: int,
                        partition: int) -> dict[str, Any]:
-        count, _, cost = state.window(window)
+        count, total, cost = state.window(window)
         return {"kind": KEY_HISTOGRAM, "key": key, "window_start_ms": window, "count": count,
-                "cost": cost, "state_bytes": state_bytes(key, len(state.windows)),
+                "sum": total, "cost": cost, "state_bytes": state_bytes(key, len(state.windows)),
                 "instance": instance, "default_instance": state.default_instance,
                 "key_group": state.key_group, "partition_id": partition,
                 "assignment_version": state.version}

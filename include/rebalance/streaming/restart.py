@@ -60,10 +60,8 @@ checkpoint numbers on in it (from ``start_batch``); one on a new checkpoint numb
 its batches on from the last committed batch of the one before (``batch_offset``);
 idempotent writes are keyed by the checkpoint's query id, as before.
 
-Modules: :mod:`.restart_control` (the ``restarts`` table, :class:`Generation`),
-:mod:`.restart_checkpoint` (reading a stopped checkpoint), :mod:`.restart_state`
-(state migration and handoff rows), :mod:`.restart_sink` (the gate and the version
-guard of the sink); this module is the driver and keeps every public name importable.
+A split key's partials all go to its largest share, merged (exact for the job's sums).
+Modules: ``restart_control``, ``restart_checkpoint``, ``restart_state``, ``restart_sink``.
 
 >>> job = RestartableJob(spark, JobConfig(n_instances=4, trigger_seconds=2))  # doctest: +SKIP
 >>> job.start()                                   # recovers an unfinished restart first
@@ -387,13 +385,14 @@ class RestartableJob:
         found in the checkpoint, and the old generation is run again only if it has not
         committed that batch (a crash before it)."""
         old = self.control.live_generation()
-        routing = tables.read_assignment(self.spark, new.assignment_version,
-                                         self.config.tables_root).routing
-        last = checkpoint_position(new.checkpoint).last_batch
+        target = tables.read_assignment(self.spark, new.assignment_version, self.config.tables_root)
+        routing, last = target.routing, checkpoint_position(new.checkpoint).last_batch
         log_folder = routing_log(new.checkpoint)
-        switched = bool(log_folder.is_dir() and any(
+        # a label may hold a key it takes over (moved by a live switch, or split): it merges
+        switched = bool(target.splits) or bool(log_folder.is_dir() and any(
             old.start_batch <= b <= (last if last is not None else -1)
-            for b in log_ids(log_folder)))
+            for b in log_ids(log_folder))) or bool(tables.read_assignment(
+                self.spark, old.assignment_version, self.config.tables_root).splits)
         marker = append_export(self.spark, new.checkpoint, routing, new.n_instances,
                                new.assignment_version, switched, request_id)
         exported = covering_batch(new.checkpoint, marker)
@@ -515,7 +514,8 @@ class RestartableJob:
         if not self._tables_ready:
             tables.create_assignments(
                 self.spark, tables.assignments_n_instances(self.spark, root), root)
-            for table in (tables.RESULTS, tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS):
+            for table in (tables.RESULTS, tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS,
+                          tables.WINDOW_RESULTS):
                 tables.ensure_table(self.spark, table, root)
             self._tables_ready = True
         rows, guard = self._routing(gen)

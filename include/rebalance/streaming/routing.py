@@ -3,6 +3,10 @@
 An event's instance is ``F(k) = routing[k]`` when the key is in the current
 assignment's routing table, else its default instance
 ``h(k) = group_instances(N)[pmod(hash(key), 4096)]`` (:mod:`rebalance.core.placement`).
+A split key (several rows with shares) sends each event to one of its instances by the
+point ``pmod(hash(event_id), 2^20)`` of the event's id in the shares' ranges
+(:func:`rebalance.core.placement.split_instances`): deterministic per event, so a
+replay or a retried copy goes where the first went.
 
 The stateful operator groups by a *label* rather than by the instance: Spark
 puts a grouping value ``v`` in shuffle partition ``pmod(hash(v), N)``, so the
@@ -15,10 +19,15 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from rebalance.core.placement import DEFAULT_KEY_GROUPS, group_instances, spark_hash_int
+from rebalance.core.placement import (
+    DEFAULT_KEY_GROUPS,
+    SPLIT_POINTS,
+    group_instances,
+    spark_hash_int,
+)
 
 #: Labels are searched among the first ints; 64 * N is always enough in practice.
 _LABEL_SEARCH_FACTOR = 64
@@ -58,6 +67,34 @@ def label_col(instance: Column, n_instances: int) -> Column:
     return F.element_at(int_array(instance_labels(n_instances)), instance + 1).cast("int")
 
 
+def routes(assignment_rows: DataFrame) -> DataFrame:
+    """One row per routed key: ``_instances`` (increasing) and ``_bounds``, the upper
+    bounds of their shares' point ranges (a whole key: its instance, bound
+    ``SPLIT_POINTS``). A key with a whole row beside others, or an instance twice, fails
+    the batch (:func:`~rebalance.spark.tables.publish_assignment` prevents both)."""
+    rows = assignment_rows.where(F.col("key").isNotNull())
+    running = Window.partitionBy("key").orderBy("instance").rowsBetween(
+        Window.unboundedPreceding, Window.currentRow)
+    share = F.coalesce(F.col("share"), F.lit(1.0))
+    bounded = rows.withColumn("_bound", F.floor(
+        F.sum(share).over(running) * F.lit(float(SPLIT_POINTS)) + F.lit(0.5)).cast("int"))
+    parts = F.array_sort(F.collect_list(F.struct("instance", "_bound")))
+    valid = (F.count(F.lit(1)) == 1) | (
+        (F.count("share") == F.count(F.lit(1)))
+        & (F.count_distinct("instance") == F.count(F.lit(1))))
+    return (bounded.groupBy("key")
+            .agg(parts.alias("_parts"), valid.alias("_valid"))
+            .select("key", F.when(F.col("_valid"), F.col("_parts.instance")).otherwise(
+                F.raise_error(F.concat(F.lit("assignment has several instances for key "),
+                                       F.col("key")))).alias("_instances"),
+                    F.col("_parts._bound").alias("_bounds")))
+
+
+def split_point(event_id: Column) -> Column:
+    """The point of an event's id in ``[0, SPLIT_POINTS)`` (:data:`SPLIT_POINTS`)."""
+    return F.pmod(F.hash(event_id), F.lit(SPLIT_POINTS))
+
+
 def route(events: DataFrame, assignment_rows: DataFrame, n_instances: int) -> DataFrame:
     """Add ``key_group``, ``default_instance``, ``instance``, ``label``, ``assignment_version``.
 
@@ -65,30 +102,31 @@ def route(events: DataFrame, assignment_rows: DataFrame, n_instances: int) -> Da
     Delta read). In a streaming query this is a stream-static join: Delta
     re-reads the table for every micro-batch and both references below see the
     same snapshot, so every event of a batch is routed by one assignment version
-    and carries that version. A key with two different instances, or an instance
-    outside ``[0, N)``, fails the batch (the table is written by
-    :func:`~rebalance.spark.tables.publish_assignment`, which prevents both).
+    and carries that version. A key with two different whole instances, or an
+    instance outside ``[0, N)``, fails the batch (the table is written by
+    :func:`~rebalance.spark.tables.publish_assignment`, which prevents both). An event
+    of a split key goes to the instance whose share range holds its id's point.
     """
-    routes = (assignment_rows.where(F.col("key").isNotNull()).groupBy("key")
-              .agg(F.min("instance").alias("low"), F.max("instance").alias("high"))
-              .select("key", F.when(F.col("low") == F.col("high"), F.col("low")).otherwise(
-                  F.raise_error(F.concat(F.lit("assignment has several instances for key "),
-                                         F.col("key")))).alias("routed_instance")))
     version = assignment_rows.agg(
         F.coalesce(F.max("assignment_version"), F.lit(0)).cast("bigint")
         .alias("assignment_version"))
     routed = (events
               .withColumn("key_group", key_group_col(F.col("key")))
               .withColumn("default_instance", default_instance_col(F.col("key_group"), n_instances))
-              .join(F.broadcast(routes), "key", "left")
+              .join(F.broadcast(routes(assignment_rows)), "key", "left")
               .crossJoin(F.broadcast(version)))
-    instance = F.coalesce(F.col("routed_instance"), F.col("default_instance"))
+    point = split_point(F.col("event_id"))
+    index = F.least(F.size(F.filter("_bounds", lambda b: b <= point)),
+                    F.size("_instances") - 1)
+    chosen = F.when(F.size("_instances") == 1, F.element_at("_instances", 1)).otherwise(
+        F.element_at("_instances", index + 1))
+    instance = F.coalesce(chosen, F.col("default_instance"))
     checked = F.when(instance.between(0, n_instances - 1), instance).otherwise(F.raise_error(
         F.concat(F.lit("assignment routes key "), F.col("key"), F.lit(" to instance "),
                  instance.cast("string"), F.lit(f", outside [0, {n_instances})"))))
     return (routed.withColumn("instance", checked.cast("int"))
             .withColumn("label", label_col(F.col("instance"), n_instances))
-            .drop("routed_instance"))
+            .drop("_instances", "_bounds"))
 
 
 def follow_assignment_rows(latest: DataFrame, fallback: DataFrame, blocked: list[int],

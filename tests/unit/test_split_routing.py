@@ -1,0 +1,82 @@
+"""Split keys in the routing table, without Spark: the checks of what may be published
+(:mod:`rebalance.core.assignment`) and the per-event choice of a share
+(:func:`rebalance.core.placement.split_instances`; the Spark side is compared with it in
+``tests/integration/test_streaming.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rebalance.core.assignment import (
+    AssignmentError,
+    primary_instance,
+    validate_routing,
+    validate_splits,
+)
+from rebalance.core.placement import SPLIT_POINTS, share_bounds, split_instances, split_points
+
+
+def test_valid_splits_come_back_sorted_and_scaled_to_sum_to_one():
+    got = validate_splits({"k": {2: 0.3, 0: 0.7 + 1e-7}}, 4)
+    assert list(got) == ["k"] and list(got["k"]) == [0, 2]
+    assert sum(got["k"].values()) == pytest.approx(1.0, abs=1e-15)
+    assert validate_splits(None, 4) == {} and validate_splits({}, 4) == {}
+
+
+@pytest.mark.parametrize("splits, message", [
+    ({"k": {0: 1.0}}, "at least two instances"),
+    ({"k": [0, 1]}, "at least two instances"),
+    ({"": {0: 0.5, 1: 0.5}}, "non-empty strings"),
+    ({"k": {0: 0.5, 4: 0.5}}, r"instance 4 is not an integer in \[0, 4\)"),
+    ({"k": {0: 0.5, -1: 0.5}}, "instance -1"),
+    ({"k": {0: 0.5, True: 0.5}}, "instance True"),
+    ({"k": {0: 0.5, "1": 0.5}}, "instance '1'"),
+    ({"k": {0: 1.0, 1: 0.0}}, "share of instance 1 must be > 0"),
+    ({"k": {0: 1.5, 1: -0.5}}, "share of instance 1 must be > 0"),
+    ({"k": {0: 0.5, 1: float("nan")}}, "must be > 0, got nan"),
+    ({"k": {0: 0.5, 1: "half"}}, "must be > 0"),
+    ({"k": {0: 0.5, 1: 0.4}}, "shares sum to 0.9, not 1"),
+])
+def test_bad_splits_are_refused_with_the_reason(splits, message):
+    with pytest.raises(AssignmentError, match=message):
+        validate_splits(splits, 4)
+
+
+def test_whole_routing_checks_are_unchanged():
+    assert validate_routing({"b": 1, "a": 0}, 2) == {"a": 0, "b": 1}
+    with pytest.raises(AssignmentError, match="outside"):
+        validate_routing({"a": 2}, 2)
+
+
+def test_the_primary_is_the_largest_share_then_the_lowest_instance():
+    assert primary_instance({0: 0.2, 3: 0.5, 1: 0.3}) == 3
+    assert primary_instance({2: 0.5, 1: 0.5}) == 1
+
+
+def test_points_are_spark_hash_mod_2_20():
+    points = split_points(["e-1", "e-2", "événement"])
+    assert points.dtype == np.int64
+    assert ((points >= 0) & (points < SPLIT_POINTS)).all()
+    # the same id always gets the same point (a retry or a replay goes to the same share)
+    assert (split_points(["e-2", "e-1"]) == points[[1, 0]]).all()
+
+
+def test_share_ranges_cover_every_point_once_in_instance_order():
+    bounds = share_bounds([0.5, 0.3, 0.2])
+    assert bounds.tolist() == [SPLIT_POINTS // 2, int(0.8 * SPLIT_POINTS + 0.5), SPLIT_POINTS]
+    points = np.arange(SPLIT_POINTS)
+    chosen = split_instances(points, [0, 2, 5], [0.5, 0.3, 0.2])
+    counts = {i: int((chosen == i).sum()) for i in (0, 2, 5)}
+    assert sum(counts.values()) == SPLIT_POINTS
+    assert counts[0] == SPLIT_POINTS // 2
+    assert abs(counts[2] / SPLIT_POINTS - 0.3) < 1e-6 and abs(counts[5] / SPLIT_POINTS - 0.2) < 1e-6
+    assert chosen[0] == 0 and chosen[-1] == 5
+    # a cumulative sum just below 1 still sends the last points to the last instance
+    assert split_instances([SPLIT_POINTS - 1], [1, 2], [0.1, 0.9 - 1e-12])[0] == 2
+
+
+def test_event_ids_spread_over_the_shares():
+    ids = [f"event-{i}" for i in range(20_000)]
+    chosen = split_instances(split_points(ids), [0, 1], [0.75, 0.25])
+    assert abs((chosen == 0).mean() - 0.75) < 0.02
