@@ -69,19 +69,24 @@ def traffic(skewed: bool) -> dict[str, int]:
     return counts
 
 
-def write_windows(spark, starts, counts, version=0, routing=None):
-    """Histogram rows of closed windows, appended as the streaming job appends them."""
+def write_windows(spark, starts, counts, version=0, routing=None, splits=None):
+    """Histogram rows of closed windows, appended as the streaming job appends them (a
+    split key: one row per share, its events spread by the shares)."""
     from rebalance.core.records import as_utc
     from rebalance.spark import tables
 
     default, group = placement()
-    routing = routing or {}
+    routing, splits = routing or {}, splits or {}
     rows = []
     for start in starts:
         for key, d, g in zip(KEYS, default, group):
-            instance = int(routing.get(key, d))
-            rows.append((as_utc(start), key, counts[key], float(counts[key]), 232, instance,
-                         int(d), int(g), instance, version, 0))
+            parts = splits.get(key) or {int(routing.get(key, d)): 1.0}
+            left = counts[key]
+            for j, (instance, share) in enumerate(sorted(parts.items())):
+                count = left if j == len(parts) - 1 else round(counts[key] * share)
+                left -= count
+                rows.append((as_utc(start), key, count, float(count), 232, instance,
+                             int(d), int(g), instance, version, 0))
     tables.ensure_table(spark, tables.KEY_HISTOGRAMS)
     tables.append(spark.createDataFrame(rows, tables.KEY_HISTOGRAMS.schema), tables.KEY_HISTOGRAMS)
 
@@ -199,5 +204,6 @@ class JobStandIn(StandIn):
         if now == self.commits:
             return
         self.commits, live = now, tables.read_assignment(self.spark)
-        write_windows(self.spark, [self.next_window], self.counts, live.version, live.routing)
+        write_windows(self.spark, [self.next_window], self.counts, live.version, live.routing,
+                      live.splits)
         self.next_window += WINDOW

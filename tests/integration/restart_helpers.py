@@ -34,12 +34,15 @@ def instances(keys: Iterable[str], routing: dict[str, int], n: int) -> np.ndarra
 
 def publish_moving_plan(spark, root: str, keys: Sequence[str], n: int,
                         previous: tuple[dict[str, int], int], fraction: float, test: str,
-                        apply_mode: str = "restart") -> dict:
+                        apply_mode: str = "restart",
+                        splits: dict[str, dict[int, float]] | None = None) -> dict:
     """Publish an assignment for ``n`` instances that moves the first ``fraction`` of
     ``keys`` off their instance under ``previous`` = (routing, n), with the commit metadata
-    the DAG writes for ``apply_mode``. Returns its ``version``, ``n``, ``routing``, the
+    the DAG writes for ``apply_mode``, and ``splits`` (key -> {instance: share}). Returns
+    its ``version``, ``n``, ``routing`` (a split key: its largest share's instance), the
     share of keys whose instance changed (``moved``) and those keys (``moved_keys``)."""
     from rebalance.spark import tables
+    from rebalance.spark.tables import primary_instance
 
     tables.resize_assignments(spark, n, root)
     before = instances(keys, *previous)
@@ -48,9 +51,11 @@ def publish_moving_plan(spark, root: str, keys: Sequence[str], n: int,
     for k, b, d in list(zip(keys, before, default))[: int(len(keys) * fraction)]:
         routing[k] = int((b + 1) % n) if (b + 1) % n != d else int((b + 2) % n)
     version = tables.publish_assignment(spark, routing, n,
-                                        {"test": test, "apply_mode": apply_mode}, root)
+                                        {"test": test, "apply_mode": apply_mode}, root,
+                                        splits=splits)
+    routing.update({k: primary_instance(parts) for k, parts in (splits or {}).items()})
     after = instances(keys, routing, n)
-    return {"version": version, "n": n, "routing": routing,
+    return {"version": version, "n": n, "routing": routing, "splits": dict(splits or {}),
             "moved": float(np.mean(after != before)),
             "moved_keys": {k for k, a, b in zip(keys, after, before) if a != b}}
 

@@ -82,3 +82,36 @@ def test_apply_refuses_a_plan_whose_files_do_not_match(spark, tmp_path, capsys):
     assert "SHA-256 differs" in capsys.readouterr().err
     assert cli.main(["apply", "--plan", str(tmp_path / "nowhere")]) == 2
     assert "nowhere is not a directory (not found)" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("data")
+def test_a_split_plan_is_applied_with_its_shares(spark, tmp_path, capsys):
+    import datetime as dt
+
+    from dag_helpers import KEYS
+
+    from rebalance.spark import tables
+    from rebalance.spark.plan_store import PlanStore
+
+    t0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
+    counts = traffic(False)
+    counts[KEYS[0]] = 3000        # half of all events: above (1 + theta) x mean on any instance
+    write_windows(spark, [t0 + i * dt.timedelta(minutes=1) for i in range(3)], counts)
+    out = tmp_path / "split"
+    assert cli.main(["plan", "--histograms", tables.KEY_HISTOGRAMS.path(), "--instances",
+                     str(N), "--windows", "3", "--theta", "0.1", "--split-keys",
+                     "--out", str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert cli.main(["apply", "--plan", str(out)]) == 0, capsys.readouterr().err
+    assert "assignment version 1 is live" in capsys.readouterr().out
+    live = tables.read_assignment(spark)
+    (key, parts), = live.splits.items()
+    assert key == KEYS[0] and len(parts) >= 2 and sum(parts.values()) == pytest.approx(1.0)
+    assert live.routing[key] == max(parts, key=parts.get)
+    assert live.metadata["split_keys"] == 1
+    assert live.metadata["table_size"] == len(live.routing) - 1 + len(parts)
+    (plan,) = [p for p in PlanStore(spark).plans() if p.status == "applied"]
+    assert plan.predicted_imbalance <= 1.1 and plan.metrics["split_keys"] == 1
+    frame = PlanStore(spark).frame(plan.plan_id)
+    assert frame.loc[frame.key == key, "split"].notna().all()
+    assert frame.loc[frame.key != key, "split"].isna().all()

@@ -98,6 +98,30 @@ def skewed_run(dag, spark, tmp_path_factory):
         yield dr, states
 
 
+def test_a_key_above_the_bound_is_split_applied_and_verified(dag, spark, tmp_path,
+                                                               monkeypatch):
+    from dag_helpers import KEYS
+
+    from rebalance.spark import tables
+    from rebalance.spark.plan_store import PlanStore
+
+    monkeypatch.setenv("REBALANCE_DATA_DIR", str(tmp_path / "data"))
+    tables.create_assignments(spark, N)
+    counts = traffic(skewed=False)
+    counts[KEYS[0]] = 3000          # half the events: 2 mean loads, whole it is the floor
+    di = seed_interval(spark, dag, LIVE, counts)
+    with JobStandIn(spark, di.end, counts):
+        dr, states = run_dag(dag, LIVE, {"method": "mixed", "split_keys": True})
+    assert dr.state == "success", states
+    (plan,) = PlanStore(spark).plans()
+    assert plan.status == "verified", plan.reasons
+    assert plan.metrics["split_keys"] == 1 and plan.predicted_imbalance <= 1.1 + 1e-9
+    assert plan.realised_imbalance <= 1.1 + 1e-9
+    live = live_assignment(spark)
+    (key, parts), = live.splits.items()
+    assert key == KEYS[0] and len(parts) >= 2 and live.metadata["plan_id"] == plan.plan_id
+
+
 def test_skewed_interval_is_planned_validated_applied_and_verified(skewed_run, spark):
     from rebalance.spark import tables
     from rebalance.spark.plan_store import PLANS, PlanStore

@@ -56,6 +56,7 @@ N_KEYS = 40
 EVENTS_PER_BATCH = 500
 BATCH_SECONDS = 10
 WINDOW_SECONDS = 20
+SPLIT_KEY = "k1"    # split by the kill -9 test
 WATERMARK_SECONDS = 10
 #: A JVM start takes 1-2 minutes on the shared machine; a micro-batch about 10 s.
 START_TIMEOUT = 300
@@ -239,14 +240,24 @@ class Stack:
         inst_mismatch = sum(1 for w in closed
                             if int(inst.get(w, 0)) != sum(n for (ww, _), n in want.items()
                                                           if ww == w))
+        # window_results: one merged row per closed window and key (a split key's partials)
+        wr = read_delta(self.tables / "window_results").to_pandas()
+        wr["w"] = wr["window_start"].map(lambda t: int(pd.Timestamp(t).timestamp() * 1000))
+        final_dups = int(wr.duplicated(["w", "key"]).sum())
+        final = {(int(w), k): int(n) for w, k, n in zip(wr["w"], wr["key"], wr["count"])}
+        final_mismatch = sum(1 for wk in set(want) | set(final)
+                             if want.get(wk, 0) != final.get(wk, 0))
         figures = {"events_sent": sent, "events_counted": int(got.sum()), "lost": lost,
                    "doubled": doubled, "duplicate_result_rows": dup_rows,
                    "duplicate_sink_commits": dup_commits, "closed_windows": len(closed),
                    "window_key_pairs": len(want), "histogram_mismatches": hist_mismatch,
-                   "instance_histogram_mismatches": inst_mismatch}
+                   "instance_histogram_mismatches": inst_mismatch,
+                   "window_results_duplicates": final_dups,
+                   "window_results_mismatches": final_mismatch,
+                   "merged_partials": int((wr["instances"] > 1).sum())}
         assert closed, "no closed window: the histogram check would prove nothing"
-        assert (lost, doubled, dup_rows, dup_commits, hist_mismatch, inst_mismatch) == \
-            (0, 0, 0, 0, 0, 0), figures
+        assert (lost, doubled, dup_rows, dup_commits, hist_mismatch, inst_mismatch, final_dups,
+                final_mismatch) == (0, 0, 0, 0, 0, 0, 0, 0), figures
         assert int(got.sum()) == sent, figures
         return figures
 
@@ -284,10 +295,15 @@ def _after_a_sink(stack: Stack):
     return ("a sink committed, the checkpoint not", max(written)) if written else None
 
 
-def test_kill9_of_the_job_twice_mid_batch_loses_and_doubles_nothing(stack):
+def test_kill9_of_the_job_twice_mid_batch_loses_and_doubles_nothing(stack, spark):
+    from rebalance.spark import tables
+
     t0 = time.monotonic()
     if stack.job is not None and stack.job.alive():  # (run after another test)
         stack.job.kill9()
+    # A key split over three of the four instances: its partials merge in window_results
+    tables.publish_assignment(spark, {}, 4, {"test": "kill9"}, str(stack.tables),
+                              splits={SPLIT_KEY: {0: 0.4, 1: 0.3, 3: 0.3}})
     before = max(stack.commits(), default=-1)
     stack.send(6)  # one events file per micro-batch: six batches to kill one in
     kills = []
@@ -326,6 +342,7 @@ def test_kill9_of_the_job_twice_mid_batch_loses_and_doubles_nothing(stack):
     recovered = time.monotonic() - restart
     time.sleep(8)  # a few more triggers: nothing may be written twice afterwards
     figures = stack.assert_exact()
+    assert figures["merged_partials"] >= 1, figures   # the split key's windows after it
     figures.update(kills=kills, seconds_from_restart_to_caught_up=round(recovered, 1),
                    test_seconds=round(time.monotonic() - t0, 1))
     stack.figures["kill9"] = figures

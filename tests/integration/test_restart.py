@@ -16,9 +16,10 @@ generator batches to ``events``:
 4. a fourth request (same N) fails while it prepares and is rolled back: N = 2 stays in
    force, and its version (the latest, published for the restart) is not followed live;
 5. a live switch (a version published for broadcast, same N) is used by the running
-   generation from its next micro-batch, without a restart;
+   generation from its next micro-batch, without a restart; it also splits a key over
+   both instances;
 6. a last restart (same N) migrates from the routing in force, the live switch's,
-   merging the state the switch split;
+   merging the state the switch split and the split key's partials (un-split);
 7. the feeder stops; the job drains and stops; every key's state is held once, by its
    instance under the last plan.
 
@@ -73,6 +74,7 @@ class Scenario:
     live: dict                    # the live switch: version, routing, moved keys, published_after
     final: dict                   # the last restart (after the live switch), with its status
     final_state: list             # (label, key) of every key's state after the drain
+    window_results: pd.DataFrame
 
 
 def _expected(gen, batches) -> pd.DataFrame:
@@ -227,8 +229,10 @@ def scenario(spark, tmp_path_factory) -> Scenario:
         wait_commits(job, n=2)
 
         # A live switch while generation 3 runs: used from its next micro-batch, no restart.
-        live = _plan(spark, root, keys, 2, (p3["routing"], 2), fraction=0.15,
-                     apply_mode="broadcast")
+        # It also splits the hottest key it does not move.
+        hottest = max(keys[6:], key=dict(zip(keys, gen.frequencies(0))).get)
+        live = publish_moving_plan(spark, root, keys, 2, (p3["routing"], 2), 0.15, "restart",
+                                   "broadcast", splits={hottest: {0: 0.5, 1: 0.5}})
         live["published_after"] = _last_committed(job)
         wait_commits(job, n=3)
         assert job.generation == generations[-1]
@@ -255,17 +259,22 @@ def scenario(spark, tmp_path_factory) -> Scenario:
                    .selectExpr("key.label AS label", "user_map_key.key AS key").collect())
     statuses = [job.control.status(p["request"]) for p in plans]
     steps = tables.read(spark, tables.RESTARTS, root).toPandas()
-    results = tables.read(spark, tables.RESULTS, root).toPandas()
-    results["window"] = (results["window_start"].astype("int64") // 1000
-                         if str(results["window_start"].dtype).endswith("[us]")
-                         else results["window_start"].astype("int64") // 1_000_000) - T0_MS
+    results = _windowed(tables.read(spark, tables.RESULTS, root).toPandas())
+    window_results = _windowed(tables.read(spark, tables.WINDOW_RESULTS, root).toPandas())
     if previous_conf is None:
         spark.conf.unset(key)
     else:
         spark.conf.set(key, previous_conf)
     return Scenario(_expected(gen, range(feeder.next)), results, plans, statuses, failed, steps,
                     unmoved_equal, len(unmoved), generations, p4["version"], live, final,
-                    [(r.label, r.key) for r in final_state])
+                    [(r.label, r.key) for r in final_state], window_results)
+
+
+def _windowed(frame: pd.DataFrame) -> pd.DataFrame:
+    frame["window"] = (frame["window_start"].astype("int64") // 1000
+                       if str(frame["window_start"].dtype).endswith("[us]")
+                       else frame["window_start"].astype("int64") // 1_000_000) - T0_MS
+    return frame
 
 
 def test_three_plans_each_move_at_least_ten_percent_and_are_acknowledged(scenario):
@@ -287,7 +296,10 @@ def test_three_plans_each_move_at_least_ten_percent_and_are_acknowledged(scenari
 
 def test_results_equal_a_batch_recomputation(scenario):
     res, exp = scenario.results, scenario.expected
-    assert not res.duplicated(["batch_id", "key", "window"]).any()
+    assert not res.duplicated(["batch_id", "key", "window", "instance"]).any()
+    # one row per batch, key and window, but for the key split over two instances
+    doubled = res[res.duplicated(["batch_id", "key", "window"], keep=False)]
+    assert set(doubled["key"]) <= set(scenario.live["splits"])
     got = res.groupby(["key", "window"])["events"].sum().sort_index()
     want = exp.groupby(["key", "window"]).size().sort_index()
     pd.testing.assert_series_equal(got, want, check_names=False)
@@ -297,7 +309,8 @@ def test_results_equal_a_batch_recomputation(scenario):
     # it updated after the switch are left out here.)
     live = scenario.live
     switched = res[(res.assignment_version == live["version"])
-                   & res.key.isin(live["moved_keys"])][["key", "window"]].drop_duplicates()
+                   & res.key.isin([*live["moved_keys"], *live["splits"]])][
+        ["key", "window"]].drop_duplicates()
     skip = pd.MultiIndex.from_frame(switched)
     last = res.sort_values("batch_id").groupby(["key", "window"]).last()
     last = last[~last.index.isin(skip)]
@@ -317,6 +330,24 @@ def test_results_equal_a_batch_recomputation(scenario):
     assert np.allclose(last["sliding_sum"], per["s"] + prev["s"])
 
 
+def test_window_results_are_exact_across_restarts_crashes_a_live_switch_and_a_split(scenario):
+    final, exp = scenario.window_results, scenario.expected
+    assert not final.duplicated(["key", "window"]).any()
+    last = final["window"].max()
+    assert last >= 10 * W_MS
+    per = exp[exp.window <= last].groupby(["key", "window"]).agg(
+        n=("value", "size"), s=("value", "sum"))
+    got = final.set_index(["key", "window"]).sort_index()
+    assert got.index.equals(per.index)
+    assert (got["count"] == per["n"]).all() and np.allclose(got["sum"], per["s"])
+    prev = per.rename(lambda w: w + W_MS, level="window").reindex(per.index, fill_value=0)
+    assert (got["sliding_count"] == per["n"] + prev["n"]).all()
+    assert np.allclose(got["sliding_sum"], per["s"] + prev["s"])
+    # the split key's windows while the live switch was in force came from both shares
+    (key, _), = scenario.live["splits"].items()
+    assert (got.loc[key, "instances"] == 2).any()
+
+
 def test_every_row_is_routed_by_its_generation_and_runs_in_its_partition(scenario):
     res = scenario.results
     assert (res["partition_id"] == res["instance"]).all()
@@ -327,6 +358,10 @@ def test_every_row_is_routed_by_its_generation_and_runs_in_its_partition(scenari
     assert set(res["assignment_version"]) == set(assignments)
     for version, (routing, n) in assignments.items():
         rows = res[res.assignment_version == version]
+        if version == live["version"]:     # its split key's events go to either share
+            split = rows[rows.key.isin(live["splits"])]
+            assert set(split["instance"]) == {0, 1}
+            rows = rows[~rows.key.isin(live["splits"])]
         assert (rows["instance"].to_numpy() == instances(rows["key"], routing, n)).all()
     # Batches keep one order across generations: every version occupies one batch range.
     spans = res.groupby("assignment_version")["batch_id"].agg(["min", "max"]).sort_index()
@@ -370,6 +405,9 @@ def test_a_live_switch_is_used_from_the_next_micro_batch(scenario):
             > live["published_after"]).all()
     rows = res[res.assignment_version == live["version"]]
     assert rows.key.isin(live["moved_keys"]).any()
+    split = rows.key.isin(live["splits"])     # its events go to either share
+    assert set(rows.loc[split, "instance"]) == {0, 1}
+    rows = rows[~split]
     assert (rows["instance"].to_numpy() == instances(rows["key"], live["routing"], 2)).all()
 
 

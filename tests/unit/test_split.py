@@ -138,7 +138,7 @@ def test_no_split_metrics_are_the_whole_metrics():
     assert evaluate_split(problem, a, SplitKeys.none()) == evaluate(problem, a)
 
 
-def test_plan_split_keys_writes_the_shares_and_apply_refuses_them(tmp_path, capsys):
+def test_plan_split_keys_writes_the_shares_and_apply_refuses_bad_ones(tmp_path, capsys):
     rows = [{"window_start": pd.Timestamp("2026-01-01", tz="UTC"), "key": f"key-{i}",
              "count": 2000 if i == 0 else 10, "state_bytes": 100} for i in range(60)]
     h = tmp_path / "hist.parquet"
@@ -154,8 +154,16 @@ def test_plan_split_keys_writes_the_shares_and_apply_refuses_them(tmp_path, caps
     assert entry["key"] == "key-0" and len(entry["instances"]) >= 2
     assert sum(entry["shares"]) == pytest.approx(1.0)
     assert doc["metrics"]["split_keys"] == 1
-    capsys.readouterr()
-    assert cli.main(["apply", "--plan", str(out)]) != 0
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
-    assert "splits 1 key(s) over several instances" in err and "cannot be applied" in err
+    # apply checks the shares before it starts Spark (applying a good one:
+    # tests/integration/test_apply_cli.py)
+    for bad, message in ((dict(entry, shares=[0.5] * len(entry["shares"][:-1]) + [0.4]),
+                          "shares sum to"),
+                         (dict(entry, instances=[0, 9][:len(entry["instances"])]
+                               + entry["instances"][2:]), "not an integer in [0, 4)"),
+                         (dict(entry, shares=entry["shares"][:1]), "one per instance"),
+                         ("key-0", "split[0] must be")):
+        (out / "plan.json").write_text(json.dumps(dict(doc, split=[bad])))
+        capsys.readouterr()
+        assert cli.main(["apply", "--plan", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err

@@ -69,3 +69,62 @@ def test_missing_columns_are_a_clear_failure(plan):
     frame, metrics, limits = plan
     result = validate_plan(frame.drop(columns=["state"]), metrics, limits)
     assert not result.success and "lacks columns ['state']" in result.failures[0]
+
+
+@pytest.fixture()
+def split_plan():
+    """Key "a" (load 6) split over both instances: 3 + 3 each side with b, c, d."""
+    frame = pd.DataFrame({
+        "key": ["a", "b", "c", "d"],
+        "instance": [1, 0, 1, 0],          # a split key's instance: its largest share's
+        "current": [0, 0, 1, 1],
+        "default": [0, 0, 1, 1],
+        "load": [6.0, 2.0, 2.0, 2.0],
+        "state": [4.0, 1.0, 1.0, 1.0],
+        "moved": [False, False, False, True],
+        "split": ['{"0": 0.25, "1": 0.75}', None, None, None],
+    })
+    # loads: 0 <- 1.5 + 2 + 2 = 5.5, 1 <- 4.5 + 2 = 6.5; mean 6
+    metrics = {"imbalance_after": 6.5 / 6, "migration_bytes": 1.0, "moved_keys": 1,
+               "table_size": 3}
+    return frame, metrics, PlanLimits(n_instances=2, theta=0.1, expected_keys=4)
+
+
+def test_a_split_plan_is_judged_by_its_shares(split_plan):
+    from rebalance.control.validation import recompute_metrics
+
+    frame, metrics, limits = split_plan
+    got = recompute_metrics(frame, 2)
+    assert got["imbalance_after"] == pytest.approx(6.5 / 6)
+    # "a" keeps a share on its current instance 0: its state does not move
+    assert (got["moved_keys"], got["migration_bytes"], got["table_size"]) == (1, 1.0, 3)
+    result = validate_plan(frame, metrics, limits)
+    assert result.success, result.failures
+    # read as whole keys the same plan would put all of "a" on 1 and lie about its metrics
+    whole = validate_plan(frame.drop(columns="split"), metrics, limits)
+    assert not whole.success
+
+
+@pytest.mark.parametrize("split, message", [
+    ('{"0": 0.5, "1": 0.4}', "shares sum to 0.9"),
+    ('{"0": 0.5, "2": 0.5}', "instance 2 is not an integer in [0, 2)"),
+    ('{"1": 1.0}', "at least two instances"),
+    ("not json", "is not a JSON object"),
+])
+def test_a_bad_split_is_rejected_with_the_reason(split_plan, split, message):
+    frame, metrics, limits = split_plan
+    bad = frame.copy()
+    bad.loc[0, "split"] = split
+    result = validate_plan(bad, metrics, limits)
+    assert not result.success and message in "\n".join(result.failures)
+
+
+def test_a_split_key_must_sit_on_one_of_its_shares_and_off_drained_instances(split_plan):
+    frame, metrics, _ = split_plan
+    bad = frame.copy()
+    bad.loc[0, "split"] = '{"0": 0.25, "2": 0.75}'
+    result = validate_plan(bad, metrics, PlanLimits(n_instances=3, theta=0.1, expected_keys=4,
+                                                   drain=(2,)))
+    text = "\n".join(result.failures)
+    assert "its instance 1 is not one of its shares [0, 2]" in text
+    assert "keeps shares on drained instances [2]" in text

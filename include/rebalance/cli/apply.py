@@ -122,12 +122,6 @@ def check_plan_document(document: Any, where: Path) -> dict[str, Any]:
     for name in ("assignment_file", "parameters", "metrics"):
         if not isinstance(document.get(name), dict):
             raise bad(name, document.get(name, _MISSING), "a JSON object")
-    if document.get("split"):
-        split = document["split"]
-        count = len(split) if isinstance(split, list) else "some"
-        raise UserError(f"{where}: the plan splits {count} key(s) over several instances "
-                        "(rebalance plan --split-keys); the streaming job routes every key to "
-                        "one instance, so a split plan is a what-if and cannot be applied")
     if not isinstance(document.get("method", _MISSING), str):
         raise bad("method", document.get("method", _MISSING), "a string")
     named = document["assignment_file"]
@@ -156,7 +150,38 @@ def check_plan_document(document: Any, where: Path) -> dict[str, Any]:
     after = document["metrics"].get("imbalance_after", _MISSING)
     if not (_is_number(after) and after >= 0):
         raise bad("metrics.imbalance_after", after, "a number >= 0")
+    document["split"] = plan_splits(document.get("split", []), p["instances"], where)
     return document
+
+
+def plan_splits(split: Any, n_instances: int, where: Path) -> dict[str, dict[int, float]]:
+    """plan.json's ``split`` (``rebalance plan --split-keys``: a list of ``{"key",
+    "instances", "shares"}``) as key -> {instance: share}, each entry checked."""
+    from rebalance.cli import UserError
+    from rebalance.core.assignment import AssignmentError, validate_splits
+
+    if not isinstance(split, list):
+        raise UserError(f"{where}: split must be a list of split keys, got "
+                        f"{type(split).__name__}")
+    out: dict[str, dict[int, float]] = {}
+    for i, entry in enumerate(split):
+        if not (isinstance(entry, dict) and isinstance(entry.get("key"), str)
+                and isinstance(entry.get("instances"), list)
+                and isinstance(entry.get("shares"), list)
+                and len(entry["instances"]) == len(entry["shares"])
+                and all(_is_int(v) for v in entry["instances"])
+                and all(_is_number(v) for v in entry["shares"])):
+            raise UserError(f"{where}: split[{i}] must be {{\"key\": string, \"instances\": "
+                            "[integers], \"shares\": [numbers, one per instance]}")
+        if entry["key"] in out:
+            raise UserError(f"{where}: split key {entry['key']!r} is listed twice")
+        out[entry["key"]] = dict(zip(entry["instances"], entry["shares"]))
+        if len(out[entry["key"]]) != len(entry["instances"]):
+            raise UserError(f"{where}: split key {entry['key']!r} lists an instance twice")
+    try:
+        return validate_splits(out, n_instances)
+    except AssignmentError as exc:
+        raise UserError(f"{where}: {exc}") from None
 
 
 def check_assignment_table(table, document: dict[str, Any], where: Path) -> None:
@@ -263,12 +288,18 @@ def _planned(problem, table) -> Any:
     return instance, moved
 
 
-def stale_reason(problem, instance, moved, live_version: int) -> str | None:
-    """Why the plan was not computed against the live assignment (None when it was)."""
+def stale_reason(problem, instance, moved, live_version: int,
+                 splits: dict[str, dict[int, float]] | None = None) -> str | None:
+    """Why the plan was not computed against the live assignment (None when it was). A
+    split key (``splits``) is moved when none of its instances is its current one."""
     import numpy as np
 
-    kept_elsewhere = ~moved & (instance != problem.current)
-    moved_nowhere = moved & (instance == problem.current)
+    leaves = instance != problem.current
+    keys = problem.keys.astype(str)
+    for i in np.flatnonzero(np.isin(keys, list(splits or ()))):
+        leaves[i] = int(problem.current[i]) not in splits[keys[i]]
+    kept_elsewhere = ~moved & leaves
+    moved_nowhere = moved & ~leaves
     wrong = int(kept_elsewhere.sum() + moved_nowhere.sum())
     if wrong:
         k = problem.keys[int(np.flatnonzero(kept_elsewhere | moved_nowhere)[0])]
@@ -309,7 +340,8 @@ def apply_plan(args: argparse.Namespace) -> int:
               f"version {live_version}: plan again", file=sys.stderr)
         return 1
     instance, moved = planned
-    reason = stale_reason(problem, instance, moved, live_version)
+    splits = document["split"]
+    reason = stale_reason(problem, instance, moved, live_version, splits)
     if reason:
         print(f"rebalance apply: refused: {reason}", file=sys.stderr)
         return 1
@@ -341,7 +373,7 @@ def apply_plan(args: argparse.Namespace) -> int:
             params=params.to_dict(), metrics=metrics, inputs=inputs, apply_mode=params.apply_mode,
             reasons=[f"rebalance apply --plan {args.plan}"], base_assignment_version=live_version,
             predicted_imbalance=float(metrics["imbalance_after"])),
-            assignment_frame(problem, np.asarray(instance)))
+            assignment_frame(problem, np.asarray(instance), splits))
     payload = {"run": run.to_dict(), "params": params.to_dict(), "inputs": inputs,
                "plan": record.summary()}
     try:

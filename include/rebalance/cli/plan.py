@@ -98,8 +98,8 @@ def add_subcommands(subparsers) -> None:
                    help="output directory for plan.json and assignment.parquet")
     p.add_argument("--split-keys", action="store_true",
                    help="spread keys too hot for any one instance over several, with shares "
-                        "(plan.json lists them under split); a what-if: `rebalance apply` "
-                        "refuses such a plan, the streaming job routes a key to one instance")
+                        "(plan.json lists them under split); the job sends each event of such "
+                        "a key to one share and merges a window's partials in window_results")
     add_plan_arguments(p)
     p.set_defaults(func=run_plan)
 

@@ -22,7 +22,7 @@ from rebalance.control.errors import RunSkipped
 from rebalance.control.params import RunInfo, RunParams
 from rebalance.core.backtest import WindowHistory
 from rebalance.core.model import PlanningError, Problem
-from rebalance.core.records import FRAME_COLUMNS, as_utc
+from rebalance.core.records import FRAME_COLUMNS, SPLIT_COLUMN, as_utc, split_text
 from rebalance.spark.session import SNAPSHOT_PARTITIONS
 
 if TYPE_CHECKING:
@@ -282,8 +282,11 @@ def load_problem(spark, inputs: Mapping[str, Any],
     return problem, table
 
 
-def assignment_frame(problem: Problem, assignment: np.ndarray) -> pd.DataFrame:
-    """The per-key frame that is stored and validated for a plan (:data:`FRAME_COLUMNS`)."""
+def assignment_frame(problem: Problem, assignment: np.ndarray,
+                     splits: Mapping[str, Mapping[int, float]] | None = None) -> pd.DataFrame:
+    """The per-key frame that is stored and validated for a plan (:data:`FRAME_COLUMNS`),
+    with :data:`~rebalance.core.records.SPLIT_COLUMN` when ``splits`` (key -> {instance:
+    share}) spreads keys over several instances."""
     a = np.asarray(assignment)
     frame = pd.DataFrame({
         "key": problem.keys.astype(str),
@@ -293,7 +296,15 @@ def assignment_frame(problem: Problem, assignment: np.ndarray) -> pd.DataFrame:
         "load": problem.load,
         "state": problem.state,
         "moved": a != problem.current,
-    })
-    return frame.loc[:, list(FRAME_COLUMNS)]
+    }).loc[:, list(FRAME_COLUMNS)]
+    if splits:
+        text = {str(k): split_text(parts) for k, parts in splits.items()}
+        frame[SPLIT_COLUMN] = frame["key"].map(text).astype(object)
+        frame[SPLIT_COLUMN] = frame[SPLIT_COLUMN].where(frame[SPLIT_COLUMN].notna(), None)
+        for i, key in enumerate(frame["key"]):
+            if key in splits:     # moved: no share stays where its state is
+                frame.iat[i, frame.columns.get_loc("moved")] = (
+                    int(frame["current"].iat[i]) not in splits[key])
+    return frame
 
 

@@ -81,6 +81,15 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
                        "migration (refused at once for a job that cannot restart); dry-run: "
                        "store a what-if plan, apply nothing.",
     },
+    "split_keys": {
+        "type": "boolean",
+        "title": "Split keys too hot for one instance",
+        "description": "A key whose load alone exceeds (1 + theta) x mean load is spread over "
+                       "the fewest instances that hold it within the bound, each event going "
+                       "to one share; the job merges a window's partial results into "
+                       "window_results. Off: every key stays whole (that key is the floor "
+                       "of the imbalance).",
+    },
     "restart_above": {
         "type": "number", "minimum": 0, "maximum": 1,
         "title": "Restart above (apply_mode auto)",
@@ -212,6 +221,7 @@ class RunParams:
     min_events: int = 1000
     apply_mode: str = "auto"
     restart_above: float = AUTO_RESTART_ABOVE
+    split_keys: bool = False
     require_approval: bool = False
     force: bool = False
     trigger_rule: str = "theta"

@@ -15,6 +15,7 @@ import numpy as np
 
 from rebalance.control.inputs import assignment_frame, plan_store
 from rebalance.control.params import RunInfo, RunParams
+from rebalance.control.validation import recompute_metrics
 from rebalance.core.model import Problem, evaluate
 from rebalance.core.placement import default_instances
 from rebalance.core.records import PlanRecord, PlanStatus, as_utc, hash_id
@@ -46,7 +47,7 @@ def propose_rollback(spark, to_version: int, theta: float | None = None,
     except tables.AssignmentError as exc:
         raise LookupError(str(exc)) from None
     live = tables.read_assignment(spark)
-    if live.routing == target.routing:
+    if (live.routing, live.splits) == (target.routing, target.splits):
         raise ValueError(f"the live assignment v{live_version} already routes exactly as "
                          f"v{to_version}: nothing to restore")
     n = live.n_instances
@@ -58,7 +59,9 @@ def propose_rollback(spark, to_version: int, theta: float | None = None,
     problem = Problem(keys=keys, load=np.array([loads.get(k, 0.0) for k in keys]),
                       state=np.array([states.get(k, 0.0) for k in keys]), current=current,
                       default=default, n_instances=n)
-    metrics = evaluate(problem, restored).to_dict()
+    frame = assignment_frame(problem, restored, target.splits)
+    # the gate's own arithmetic: a split key loads its instances by share
+    metrics = {**evaluate(problem, restored).to_dict(), **recompute_metrics(frame, n)}
     bound = theta if theta is not None else max(0.1, metrics["imbalance_after"] - 1 + 1e-6)
     mode = "dry-run" if dry_run else "auto"
     params = RunParams(theta=bound, max_table=None, migration_budget=None,
@@ -74,7 +77,6 @@ def propose_rollback(spark, to_version: int, theta: float | None = None,
     store = plan_store(spark)
     record = store.get(plan_id)
     if record is None:
-        frame = assignment_frame(problem, restored)
         record = store.propose(PlanRecord(
             plan_id=plan_id, status=PlanStatus.PROPOSED.value, method="rollback",
             dag_id=run.dag_id, run_id=run.run_id, run_type=run.run_type,

@@ -212,10 +212,11 @@ def apply(published: Mapping[str, Any]) -> dict[str, Any]:
                         f"stale plan {plan_id}: computed against assignment version "
                         f"{record.base_assignment_version}, but version {latest} was published "
                         "since; the next run plans again")
-                routing = new_routing(store, record)
+                routing, splits = new_routing(store, record)
                 version = tables.publish_assignment(
                     spark, routing, int(record.inputs["n_instances"]),
-                    metadata={"action": "apply", **record.commit_values(), "apply_mode": mode})
+                    metadata={"action": "apply", **record.commit_values(), "apply_mode": mode},
+                    splits=splits)
                 applied_at = utcnow()
             if mode == "restart":
                 from rebalance.streaming.restart import request_restart
@@ -323,7 +324,7 @@ def roll_back_assignment(spark, record: PlanRecord) -> int:
         spark, base.routing, int(record.inputs["n_instances"]),
         metadata={"action": "rollback", "rollback_of": record.plan_id,
                   "restores_version": base.version, "dag_id": record.dag_id,
-                  "run_id": record.run_id})
+                  "run_id": record.run_id}, splits=base.splits)
 
 
 # --------------------------------------------------------------------- verify

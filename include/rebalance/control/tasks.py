@@ -33,7 +33,7 @@ from rebalance.control.inputs import (
 )
 from rebalance.control.params import RunInfo, RunParams, plan_id_for, unpack
 from rebalance.control.validation import PlanLimits, validate_plan
-from rebalance.core.records import LIVE_STATUSES, PlanRecord, PlanStatus, utcnow
+from rebalance.core.records import LIVE_STATUSES, PlanRecord, PlanStatus, frame_splits, utcnow
 from rebalance.core.trigger import TriggerPolicy
 
 if TYPE_CHECKING:
@@ -104,6 +104,7 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
     """
     from rebalance.core.model import evaluate
     from rebalance.core.planners import get_planner
+    from rebalance.core.planners.split import evaluate_split, plan_split
 
     run, p = unpack(detected)
     inputs = dict(detected["inputs"])
@@ -128,15 +129,19 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
                          + " (set force to plan anyway)")
     model, theta_plan = planning.load_model, planning.theta_plan
     forecast = decide.forecast_problem(problem, history, model)
-    result = get_planner(p.method).plan(forecast, dataclasses.replace(params, theta=theta_plan))
+    planned_with = dataclasses.replace(params, theta=theta_plan)
+    result = (plan_split(forecast, planned_with, base=p.method) if p.split_keys
+              else get_planner(p.method).plan(forecast, planned_with))
+    split = result.split if result.split is not None and len(result.split) else None
     metrics = result.metrics_dict()
     if forecast.scenarios is not None:
         # robust: the plan kept every scenario within the bound; the stored frame holds
         # the forecast (their mean), so its metrics are reported on it (the gate
         # recomputes them from the frame) and the worst scenario is kept beside them.
         worst = metrics["imbalance_after"]
-        metrics.update(evaluate(dataclasses.replace(forecast, scenarios=None),
-                                result.assignment).to_dict())
+        flat = dataclasses.replace(forecast, scenarios=None)
+        metrics.update((evaluate_split(flat, result.assignment, split) if split is not None
+                        else evaluate(flat, result.assignment)).to_dict())
         planning.facts["worst_scenario_imbalance"] = worst
     reasons = list(result.notes)
     if p.trigger_rule == "seed004":
@@ -161,7 +166,8 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
         base_assignment_version=int(inputs["base_assignment_version"]),
         predicted_imbalance=float(metrics["imbalance_after"]),
     )
-    record = store.propose(record, assignment_frame(forecast, result.assignment))
+    record = store.propose(record, assignment_frame(
+        forecast, result.assignment, split.mapping(forecast.keys) if split is not None else None))
     log.info("plan %s (%s, load model %s, theta_plan %g): imbalance %.3f -> %.3f predicted, "
              "%s backtested vs %s staying; %d keys move (%.1f%% of state)", plan_id, p.method,
              model, theta_plan, metrics["imbalance_before"], metrics["imbalance_after"],
@@ -261,18 +267,23 @@ def publish(validated: Mapping[str, Any]) -> dict[str, Any]:
     return {**validated, "plan": record.summary()}
 
 
-def new_routing(store: PlanStore, record: PlanRecord) -> dict[str, int]:
-    """Routing table of a plan's assignment: planned keys off their default instance,
-    plus the base version's entries for keys the plan did not see (kept as they are)."""
+def new_routing(store: PlanStore, record: PlanRecord,
+                ) -> tuple[dict[str, int], dict[str, dict[int, float]]]:
+    """Routing table of a plan's assignment: planned keys off their default instance and
+    the plan's split keys (key -> {instance: share}), plus the base version's entries
+    for keys the plan did not see (kept as they are, split or whole)."""
     from rebalance.spark import tables
 
     frame = store.frame(record.plan_id)
-    base = tables.read_assignment(store.spark, version=record.base_assignment_version or 0).routing
-    planned = set(frame["key"])
-    routing = {k: v for k, v in base.items() if k not in planned}
+    base = tables.read_assignment(store.spark, version=record.base_assignment_version or 0)
+    planned = set(frame["key"].astype(str))
+    splits = {k: v for k, v in base.splits.items() if k not in planned}
+    splits.update(frame_splits(frame))
+    routing = {k: v for k, v in base.routing.items() if k not in planned and k not in splits}
     routed = frame.loc[frame["instance"] != frame["default"]]
-    routing.update(zip(routed["key"].astype(str), routed["instance"].astype(int)))
-    return dict(sorted(routing.items()))
+    routing.update((k, int(i)) for k, i in zip(routed["key"].astype(str), routed["instance"])
+                   if k not in splits)
+    return dict(sorted(routing.items())), dict(sorted(splits.items()))
 
 
 def needs_approval(published: Mapping[str, Any]) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rebalance.core.records import FRAME_COLUMNS
+from rebalance.core.records import FRAME_COLUMNS, SPLIT_COLUMN, frame_splits
 
 ASSIGNMENT_COLUMNS = FRAME_COLUMNS
 _ROUND = 9  # digits compared when checking reported against recomputed metrics
@@ -56,23 +56,60 @@ class ValidationResult:
 
 
 def recompute_metrics(frame: pd.DataFrame, n_instances: int, drain=()) -> dict[str, float]:
-    """Metrics of the assignment frame, from its columns alone."""
+    """Metrics of the assignment frame, from its columns alone. A split key
+    (:data:`~rebalance.core.records.SPLIT_COLUMN`) loads each of its instances by its
+    share, is moved only when none of them is its current instance, and takes one
+    routing-table entry per share."""
     load = frame["load"].to_numpy(dtype=np.float64)
     state = frame["state"].to_numpy(dtype=np.float64)
     inst = frame["instance"].to_numpy()
-    inside = (inst >= 0) & (inst < n_instances)
-    loads = np.bincount(inst[inside].astype(np.int64), weights=load[inside], minlength=n_instances)
+    current = frame["current"].to_numpy()
+    splits = frame_splits(frame)
+    split = frame["key"].astype(str).isin(splits).to_numpy()
+    whole = (inst >= 0) & (inst < n_instances) & ~split
+    loads = np.bincount(inst[whole].astype(np.int64), weights=load[whole], minlength=n_instances)
+    moved = inst != current
+    entries = int((inst[~split] != frame["default"].to_numpy()[~split]).sum())
+    for i in np.flatnonzero(split):
+        parts = splits[str(frame["key"].iat[i])]
+        for instance, share in parts.items():
+            if 0 <= instance < n_instances:
+                loads[instance] += share * load[i]
+        moved[i] = int(current[i]) not in parts
+        entries += len(parts)
     active = n_instances - len(set(drain))
     total = float(load.sum())
-    moved = frame["instance"].to_numpy() != frame["current"].to_numpy()
     total_state = float(state.sum())
     return {
         "imbalance_after": float(loads.max()) / (total / active) if total > 0 else 1.0,
         "migration_bytes": float(state[moved].sum()),
         "migration_fraction": float(state[moved].sum()) / total_state if total_state > 0 else 0.0,
         "moved_keys": int(moved.sum()),
-        "table_size": int((frame["instance"].to_numpy() != frame["default"].to_numpy()).sum()),
+        "table_size": entries,
     }
+
+
+def split_failures(frame: pd.DataFrame, n_instances: int, drain=()) -> list[str]:
+    """What is wrong with the split keys of a frame: the shares (at least two instances
+    in ``[0, N)``, each > 0, summing to 1), a key's ``instance`` not among its shares, a
+    share on a drained instance."""
+    from rebalance.core.assignment import AssignmentError, validate_splits
+
+    try:
+        splits = frame_splits(frame)
+        validate_splits(splits, n_instances)
+    except (ValueError, AssignmentError) as exc:
+        return [str(exc)]
+    out = []
+    instance = dict(zip(frame["key"].astype(str), frame["instance"]))
+    for key, parts in splits.items():
+        if int(instance[key]) not in parts:
+            out.append(f"split key {key!r}: its instance {instance[key]} is not one of its "
+                       f"shares {sorted(parts)}")
+        if set(parts) & set(drain):
+            out.append(f"split key {key!r} keeps shares on drained instances "
+                       f"{sorted(set(parts) & set(drain))}")
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -180,9 +217,17 @@ def validate_plan(frame: pd.DataFrame, metrics: dict[str, Any], limits: PlanLimi
     missing = [c for c in ASSIGNMENT_COLUMNS if c not in frame.columns]
     if missing:
         return ValidationResult(False, [f"assignment frame lacks columns {missing}"])
-    frame = frame.loc[:, list(ASSIGNMENT_COLUMNS)].copy()
+    failures = split_failures(frame, limits.n_instances, limits.drain)
+    if failures:
+        return ValidationResult(False, failures)
+    columns = [*ASSIGNMENT_COLUMNS, *([SPLIT_COLUMN] if SPLIT_COLUMN in frame.columns else [])]
+    frame = frame.loc[:, columns].copy()
     frame["moved_recomputed"] = frame["instance"] != frame["current"]
-    recomputed = recompute_metrics(frame.dropna(), limits.n_instances, limits.drain)
+    for key, parts in frame_splits(frame).items():
+        row = frame["key"].astype(str) == key
+        frame.loc[row, "moved_recomputed"] = ~frame.loc[row, "current"].isin(list(parts))
+    recomputed = recompute_metrics(frame.dropna(subset=list(ASSIGNMENT_COLUMNS)),
+                                   limits.n_instances, limits.drain)
     row: dict[str, Any] = {}
     for name, value in recomputed.items():
         reported = metrics.get(name)

@@ -55,6 +55,10 @@ LIVE_STATUSES = (PlanStatus.APPLIED.value, PlanStatus.VERIFIED.value, PlanStatus
 #: Columns of a plan's assignment frame (stored in ``plan_assignments``, checked by
 #: :mod:`rebalance.control.validation`); :func:`rebalance.control.inputs.assignment_frame` builds it.
 FRAME_COLUMNS = ("key", "instance", "current", "default", "load", "state", "moved")
+#: Optional column of an assignment frame: a split key's instances and shares as JSON text
+#: (``{"0": 0.5, "3": 0.5}``, :func:`split_text`), NULL for a whole key, whose ``instance``
+#: is then its largest share's and ``moved`` true only when no share stays on ``current``.
+SPLIT_COLUMN = "split"
 _JSON_FIELDS = ("reasons", "params", "metrics", "inputs", "validation", "verification")
 
 
@@ -216,4 +220,27 @@ class PlanRecord:
 
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and value != value)
+
+
+def split_text(parts: Mapping[int, float]) -> str:
+    """A split key's ``{instance: share}`` as the :data:`SPLIT_COLUMN` text."""
+    return json.dumps({str(int(i)): float(parts[i]) for i in sorted(parts)})
+
+
+def frame_splits(frame: pd.DataFrame) -> dict[str, dict[int, float]]:
+    """The split keys of an assignment frame: key -> {instance: share} (empty without the
+    :data:`SPLIT_COLUMN` or with only whole keys). Raises ValueError on a malformed text."""
+    if SPLIT_COLUMN not in frame.columns:
+        return {}
+    out: dict[str, dict[int, float]] = {}
+    for key, text in zip(frame["key"], frame[SPLIT_COLUMN]):
+        if text is None or (isinstance(text, float) and text != text):
+            continue
+        try:
+            parts = json.loads(text)
+            out[str(key)] = {int(i): float(share) for i, share in parts.items()}
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError(f"split of key {key!r} is not a JSON object of instance -> share: "
+                             f"{str(text)[:80]!r}") from None
+    return out
 

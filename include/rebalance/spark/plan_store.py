@@ -47,6 +47,7 @@ from rebalance.core.records import (
     APPLY_LEASE,
     FRAME_COLUMNS,
     LIVE_STATUSES,
+    SPLIT_COLUMN,
     STATUS_ORDER,
     PlanRecord,
     PlanStatus,
@@ -73,8 +74,9 @@ PLANS = Table(
 PLAN_ASSIGNMENTS = Table(
     "plan_assignments",
     "plan_id STRING, key STRING, instance INT, current INT, default INT, load DOUBLE, "
-    "state DOUBLE, moved BOOLEAN",
-    "The assignment frame of every plan, as validated; written once per plan.")
+    "state DOUBLE, moved BOOLEAN, split STRING",
+    "The assignment frame of every plan, as validated; written once per plan. split: a split "
+    "key's instances and shares as JSON ({\"instance\": share}), NULL for a whole key.")
 CONTROL = Table(
     "control", "name STRING, holder STRING, acquired_at TIMESTAMP, expires_at TIMESTAMP",
     "Named leases of the control plane (apply: who may change the live assignment).")
@@ -137,12 +139,13 @@ class PlanStore:
         return table.path(self.root)
 
     def ensure(self, table: Table) -> None:
-        """Create the Delta table on first use (the control table with its lease rows)."""
+        """Create the Delta table on first use (the control table with its lease rows), or
+        add the columns declared since it was created."""
         if table.name not in self._ready:
-            if not tables.exists(self.spark, table, self.root):
-                tables.ensure_table(self.spark, table, self.root)
-                if table is CONTROL:
-                    self._add_leases([APPLY_LEASE])
+            existed = tables.exists(self.spark, table, self.root)
+            tables.ensure_table(self.spark, table, self.root)
+            if not existed and table is CONTROL:
+                self._add_leases([APPLY_LEASE])
             self._ready.add(table.name)
 
     def df(self, table: Table):
@@ -269,6 +272,8 @@ class PlanStore:
         for c in ("load", "state"):
             pdf[c] = pdf[c].astype("float64")
         pdf["moved"] = pdf["moved"].astype(bool)
+        pdf[SPLIT_COLUMN] = (frame[SPLIT_COLUMN].astype(object).where(
+            frame[SPLIT_COLUMN].notna(), None) if SPLIT_COLUMN in frame else None)
         self.ensure(PLAN_ASSIGNMENTS)
         tables.append(self.spark.createDataFrame(pdf, PLAN_ASSIGNMENTS.schema), PLAN_ASSIGNMENTS,
                       self.root, metadata=meta, txn=(f"{plan_id}:frame", 1))

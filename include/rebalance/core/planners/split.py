@@ -102,6 +102,11 @@ class SplitKeys:
             np.add.at(out, inst, share * w[k])
         return out
 
+    def mapping(self, keys: np.ndarray) -> dict[str, dict[int, float]]:
+        """The split keys as key -> {instance: share} (what an assignment publishes)."""
+        return {str(keys[k]): {int(i): float(s) for i, s in zip(inst, share)}
+                for k, inst, share in zip(self.index, self.instances, self.shares)}
+
     def records(self, keys: np.ndarray) -> list[dict]:
         """The split keys as JSON-able rows: key, instances, shares."""
         return [{"key": keys[k], "instances": [int(i) for i in inst],
