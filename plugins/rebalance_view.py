@@ -185,6 +185,11 @@ def plan_page(plan_id: str) -> str:
         "<h2>Imbalance: predicted, backtested, realised</h2>", _imbalance_table(p),
         "<h2>Instance loads before and after</h2>", _bars_chart(p["instance_loads"]),
         _moved_section(p["moved"], plan_id),
+        *([f"<h2>Split keys ({len(p['split'])})</h2>", _table(
+            ["key", "instance: share of its events"],
+            [[_e(x["key"]), ", ".join(f"{i}: {s:.1%}" for i, s in zip(x["instances"],
+                                                                   x["shares"]))]
+             for x in p["split"]], "split")] if p.get("split") else []),
         f"<h2>Validation (Great Expectations): {v.get('evaluated_expectations', '?')} "
         f"expectations, {v.get('unsuccessful_expectations', '?')} failed</h2>",
         _table(["suite", "expectation", "arguments", "result", "seen"],

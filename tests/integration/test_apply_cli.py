@@ -115,3 +115,10 @@ def test_a_split_plan_is_applied_with_its_shares(spark, tmp_path, capsys):
     frame = PlanStore(spark).frame(plan.plan_id)
     assert frame.loc[frame.key == key, "split"].notna().all()
     assert frame.loc[frame.key != key, "split"].isna().all()
+    # the plan page: the split key with its shares, instance loads after by share
+    from rebalance.ui import views
+
+    page = views.plan(spark, plan.plan_id)
+    assert [(x["key"], len(x["instances"])) for x in page["split"]] == [(key, len(parts))]
+    after = page["instance_loads"]["after"]
+    assert max(after) / (sum(after) / N) == pytest.approx(plan.predicted_imbalance)

@@ -111,7 +111,8 @@ def test_a_key_above_the_bound_is_split_applied_and_verified(dag, spark, tmp_pat
     counts[KEYS[0]] = 3000          # half the events: 2 mean loads, whole it is the floor
     di = seed_interval(spark, dag, LIVE, counts)
     with JobStandIn(spark, di.end, counts):
-        dr, states = run_dag(dag, LIVE, {"method": "mixed", "split_keys": True})
+        dr, states = run_dag(dag, LIVE, {"method": "mixed", "split_keys": True,
+                                         "apply_mode": "broadcast"})
     assert dr.state == "success", states
     (plan,) = PlanStore(spark).plans()
     assert plan.status == "verified", plan.reasons

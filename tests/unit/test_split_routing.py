@@ -80,3 +80,37 @@ def test_event_ids_spread_over_the_shares():
     ids = [f"event-{i}" for i in range(20_000)]
     chosen = split_instances(split_points(ids), [0, 1], [0.75, 0.25])
     assert abs((chosen == 0).mean() - 0.75) < 0.02
+
+
+def test_frame_loads_count_a_split_key_by_its_shares():
+    import pandas as pd
+
+    from rebalance.core.records import frame_loads
+
+    frame = pd.DataFrame({"key": ["a", "b", "c"], "instance": [1, 0, 2], "current": [0, 0, 1],
+                          "load": [8.0, 2.0, 1.0],
+                          "split": ['{"1": 0.75, "2": 0.25}', None, None]})
+    assert frame_loads(frame, 3) == [2.0, 6.0, 3.0]
+    assert frame_loads(frame, 3, "current") == [10.0, 1.0, 0.0]
+    assert frame_loads(frame.drop(columns="split"), 3) == [2.0, 8.0, 1.0]
+
+
+def test_the_trigger_sees_a_live_split_key_by_its_shares():
+    import pandas as pd
+
+    from rebalance.control.inputs import window_history
+    from rebalance.core.placement import default_instances
+
+    keys = ["hot", "a", "b", "c"]
+    rows = pd.DataFrame({"window_start": pd.Timestamp("2026-01-01", tz="UTC"), "key": keys,
+                         "count": [60, 10, 10, 20], "cost": [60.0, 10.0, 10.0, 20.0],
+                         "state_bytes": [100, 10, 10, 10]})
+    routing = {k: i for k, i in zip(keys[1:], (0, 1, 1))}
+    whole, current = window_history(rows, 2, routing)
+    loads = np.bincount(current, weights=whole.loads[0], minlength=2)
+    hot = int(default_instances(["hot"], 2)[0])
+    assert loads[hot] >= 60
+    split, current = window_history(rows, 2, routing, {"hot": {0: 0.5, 1: 0.5}})
+    assert len(split.keys) == 5 and sorted(k for k in split.keys if "hot" in k) == [
+        "hot\x1f0", "hot\x1f1"]
+    assert np.bincount(current, weights=split.loads[0], minlength=2).tolist() == [40.0, 60.0]

@@ -93,8 +93,9 @@ def history(args: argparse.Namespace) -> int:
         what = (f"rollback to v{m['rollback_to']}" if m.get("rollback_to") is not None
                 else m.get("method", "?"))
         print(f"  v{c.version:<4} {_ts(c.timestamp)}  {what:<16} plan {m.get('plan_id', '-')}"
-              f"  table {m.get('table_size', '?')} keys"
-              f"  imbalance {_f(metrics.get('imbalance_before'))} -> "
+              f"  table {m.get('table_size', '?')} entries"
+              + (f" ({m['split_keys']} split keys)" if m.get("split_keys") else "")
+              + f"  imbalance {_f(metrics.get('imbalance_before'))} -> "
               f"{_f(metrics.get('imbalance_after'))}"
               f"  moved {metrics.get('moved_keys', '?')} keys ({_pct(metrics.get('migration_fraction'))})"
               f"  run {m.get('run_id', '-')}" + ("  <- live" if c.version == live else ""))

@@ -248,15 +248,52 @@ def base_routing(spark, inputs: Mapping[str, Any]) -> dict[str, int]:
     return tables.read_assignment(spark, version=int(inputs["base_assignment_version"])).routing
 
 
-def window_history(rows: pd.DataFrame, n_instances: int,
-                   routing: Mapping[str, int]) -> tuple[WindowHistory, np.ndarray]:
+#: Separates a split key's name from its share's instance in :func:`window_history`.
+SHARE_SEPARATOR = "\x1f"
+
+
+def split_rows(rows: pd.DataFrame, splits: Mapping[str, Mapping[int, float]]) -> pd.DataFrame:
+    """Histogram rows with each split key's rows replaced by one row per share (named
+    ``key<SHARE_SEPARATOR>instance``), count, cost and state scaled by the share: the
+    trigger and the backtest then see the load each share puts on its instance."""
+    if not splits or rows.empty:
+        return rows
+    split = rows["key"].astype(str).isin(list(splits))
+    if not split.any():
+        return rows
+    parts = []
+    for key, group in rows[split].groupby(rows.loc[split, "key"].astype(str)):
+        for instance, share in splits[key].items():
+            part = group.copy()
+            part["key"] = f"{key}{SHARE_SEPARATOR}{instance}"
+            for column in ("count", "cost", "state_bytes"):
+                if column in part:
+                    part[column] = part[column].astype("float64") * share
+            parts.append(part)
+    return pd.concat([rows[~split], *parts], ignore_index=True)
+
+
+def window_history(rows: pd.DataFrame, n_instances: int, routing: Mapping[str, int],
+                   splits: Mapping[str, Mapping[int, float]] | None = None,
+                   ) -> tuple[WindowHistory, np.ndarray]:
     """The pinned windows as a :class:`~rebalance.core.backtest.WindowHistory` (per-window key
     loads, oldest first) and the live assignment of its keys (the routing table over the
-    default placement): what the trigger judges and the backtest replays."""
-    history = WindowHistory.from_histograms(rows, int(n_instances))
+    default placement): what the trigger judges and the backtest replays. A split key of
+    the live assignment (``splits``) is one part per share, each on its instance
+    (:func:`split_rows`)."""
+    history = WindowHistory.from_histograms(split_rows(rows, splits or {}), int(n_instances))
+    routing = {**routing, **{f"{k}{SHARE_SEPARATOR}{i}": i
+                             for k, parts in (splits or {}).items() for i in parts}}
     current = np.array([int(routing.get(k, d)) for k, d in zip(history.keys, history.default)],
                        dtype=np.int64)
     return history, current
+
+
+def base_assignment(spark, inputs: Mapping[str, Any]):
+    """The run's base assignment version (the live one): routing table and split keys."""
+    from rebalance.spark import tables
+
+    return tables.read_assignment(spark, version=int(inputs["base_assignment_version"]))
 
 
 def load_problem(spark, inputs: Mapping[str, Any],

@@ -24,7 +24,7 @@ from rebalance.control import decide
 from rebalance.control.errors import ApplyRefused, InvalidParams, PlanRejected, RunSkipped
 from rebalance.control.inputs import (
     assignment_frame,
-    base_routing,
+    base_assignment,
     load_problem,
     load_rows,
     plan_store,
@@ -72,8 +72,9 @@ def detect(windows: Mapping[str, Any]) -> dict[str, Any]:
     if "detect" in inputs:  # replay of a run that already stored its plan
         return {**windows, "inputs": inputs}
     spark = spark_session()
+    base = base_assignment(spark, inputs)
     history, current = window_history(load_rows(spark, inputs), int(inputs["n_instances"]),
-                                      base_routing(spark, inputs))
+                                      base.routing, base.splits)
     since = (periods_since_last_plan(plan_store(spark), run) if p.trigger_rule == "seed004"
              else None)
     decision, facts = decide.detect(history, current, p, int(inputs["events"]), since)
@@ -117,8 +118,9 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
         return {**detected, "plan": stored.summary()}
 
     rows = load_rows(spark, inputs)
-    routing = base_routing(spark, inputs)
-    history, current = window_history(rows, int(inputs["n_instances"]), routing)
+    base = base_assignment(spark, inputs)
+    history, current = window_history(rows, int(inputs["n_instances"]), base.routing,
+                                      base.splits)
     problem, _ = load_problem(spark, inputs, rows=rows)
     total_state = float(problem.state.sum())
     inputs.update(n_keys=problem.n_keys, total_state=total_state)
@@ -128,6 +130,8 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
         raise RunSkipped(f"{p.method}: " + "; ".join(planning.decision.reasons)
                          + " (set force to plan anyway)")
     model, theta_plan = planning.load_model, planning.theta_plan
+    if base.splits:    # the forecast is per key: a split key's shares summed back
+        history, _ = window_history(rows, int(inputs["n_instances"]), base.routing)
     forecast = decide.forecast_problem(problem, history, model)
     planned_with = dataclasses.replace(params, theta=theta_plan)
     result = (plan_split(forecast, planned_with, base=p.method) if p.split_keys

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rebalance.core.records import FRAME_COLUMNS, SPLIT_COLUMN, frame_splits
+from rebalance.core.records import FRAME_COLUMNS, SPLIT_COLUMN, frame_loads, frame_splits
 
 ASSIGNMENT_COLUMNS = FRAME_COLUMNS
 _ROUND = 9  # digits compared when checking reported against recomputed metrics
@@ -65,16 +65,12 @@ def recompute_metrics(frame: pd.DataFrame, n_instances: int, drain=()) -> dict[s
     inst = frame["instance"].to_numpy()
     current = frame["current"].to_numpy()
     splits = frame_splits(frame)
-    split = frame["key"].astype(str).isin(splits).to_numpy()
-    whole = (inst >= 0) & (inst < n_instances) & ~split
-    loads = np.bincount(inst[whole].astype(np.int64), weights=load[whole], minlength=n_instances)
+    split = frame["key"].astype(str).isin(list(splits)).to_numpy()
+    loads = np.asarray(frame_loads(frame, n_instances))
     moved = inst != current
     entries = int((inst[~split] != frame["default"].to_numpy()[~split]).sum())
     for i in np.flatnonzero(split):
         parts = splits[str(frame["key"].iat[i])]
-        for instance, share in parts.items():
-            if 0 <= instance < n_instances:
-                loads[instance] += share * load[i]
         moved[i] = int(current[i]) not in parts
         entries += len(parts)
     active = n_instances - len(set(drain))

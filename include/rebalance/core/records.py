@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 #: Lease held while a plan changes the live assignment.
@@ -244,3 +245,23 @@ def frame_splits(frame: pd.DataFrame) -> dict[str, dict[int, float]]:
                              f"{str(text)[:80]!r}") from None
     return out
 
+
+def frame_loads(frame: pd.DataFrame, n_instances: int, column: str = "instance") -> list[float]:
+    """Load per instance of an assignment frame under ``column`` (``instance``: the plan;
+    ``current``: before it). A split key loads each of its instances by its share under
+    ``instance``; instances outside ``[0, N)`` are left out."""
+    splits = frame_splits(frame) if column == "instance" else {}
+    where = frame[column].to_numpy()
+    load = frame["load"].to_numpy(dtype=float)
+    whole = (where >= 0) & (where < n_instances)
+    if splits:
+        whole &= ~frame["key"].astype(str).isin(list(splits)).to_numpy()
+    loads = [float(x) for x in np.bincount(where[whole].astype(np.int64), weights=load[whole],
+                                           minlength=n_instances)[:n_instances]]
+    if splits:
+        key_load = dict(zip(frame["key"].astype(str), load))
+        for key, parts in splits.items():
+            for instance, share in parts.items():
+                if 0 <= instance < n_instances:
+                    loads[instance] += share * float(key_load[key])
+    return loads

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from rebalance.core.records import PlanRecord, as_utc
+from rebalance.core.records import PlanRecord, as_utc, frame_loads, frame_splits
 from rebalance.spark import tables
 from rebalance.spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
 
@@ -85,9 +85,9 @@ def plan(spark, plan_id: str) -> dict[str, Any]:
         raise NotFound(f"no plan {plan_id!r}")
     frame = store.frame(plan_id)
     n = int(record.inputs.get("n_instances") or (frame[["instance", "current"]].max().max() + 1))
-    before = frame.groupby("current")["load"].sum().reindex(range(n), fill_value=0.0)
-    after = frame.groupby("instance")["load"].sum().reindex(range(n), fill_value=0.0)
+    before, after = frame_loads(frame, n, "current"), frame_loads(frame, n)
     moved = frame[frame["moved"]].sort_values("state", ascending=False)
+    splits = frame_splits(frame)
     return {
         **plan_row(record),
         "params": record.params,
@@ -99,6 +99,8 @@ def plan(spark, plan_id: str) -> dict[str, Any]:
         "moved": [{"key": str(r.key), "from": int(r.current), "to": int(r.instance),
                    "load": float(r.load), "state_bytes": float(r.state)}
                   for r in moved.itertuples()],
+        "split": [{"key": key, "instances": list(parts), "shares": list(parts.values())}
+                  for key, parts in splits.items()],
         "validation": record.validation,
         "verification": {k: _iso(v) for k, v in record.verification.items()},
         "commits": commits(spark, plan_id, since=record.created_at),
