@@ -15,7 +15,9 @@ micro-batch) three times, on fresh copies of the tables:
    floor of its imbalance, ``hot share x N``;
 3. ``split``: ``auto`` with the keys too hot for one instance split
    (:func:`rebalance.core.planners.split.plan_split`), published with their shares
-   (:func:`rebalance.spark.tables.publish_assignment` ``splits=``).
+   (:func:`rebalance.spark.tables.publish_assignment` ``splits=``);
+4. ``split-nomerge``: the same without ``window_results`` (``JobConfig.window_results``
+   off): the merge's cost is the difference in events/s.
 
 Per run: sustained events/s (valid events / summed micro-batch durations, the first
 batch excluded); the critical path, per window the largest instance's operator CPU time
@@ -139,6 +141,12 @@ def run(spark, config, root: Path, expected: pd.DataFrame) -> dict:
     stats = run_job(spark, replace(config, tables_root=str(root),
                                    checkpoint_root=str(root / "checkpoints")))
     imbalance = window_imbalance(spark, str(root), skip_first=0)
+    figures = {"events_per_second": stats.events_per_second, "events": stats.events,
+               "critical_path": imbalance["cpu_ms_max_over_mean_median"],
+               "load_max_over_mean": imbalance["load_max_over_mean_median"]}
+    if not config.window_results:
+        return {**figures, "window_results_exact": None, "merged_partials_per_window": 0.0,
+                "hot_key_extra_state_bytes": 0.0}
     final = (tables.read(spark, tables.WINDOW_RESULTS, str(root))
              .select("key", (F.unix_millis("window_start") - int(T0.value // 10**6))
                      .alias("window"), "count", "sum").toPandas().set_index(["key", "window"])
@@ -152,10 +160,7 @@ def run(spark, config, root: Path, expected: pd.DataFrame) -> dict:
     kh = tables.read(spark, tables.KEY_HISTOGRAMS, str(root)).toPandas()
     per_window = kh.groupby("window_start").size() - final.groupby(level="window").size().values
     hot = kh[kh.key == "k0"].groupby("window_start")["state_bytes"]
-    return {"events_per_second": stats.events_per_second, "events": stats.events,
-            "critical_path": imbalance["cpu_ms_max_over_mean_median"],
-            "load_max_over_mean": imbalance["load_max_over_mean_median"],
-            "window_results_exact": exact, "closed_windows": int(final.index.get_level_values(
+    return {**figures, "window_results_exact": exact, "closed_windows": int(final.index.get_level_values(
                 "window").nunique()),
             "merged_partials_per_window": float(per_window.median()),
             "hot_key_extra_state_bytes": float((hot.sum() - hot.max()).median()),
@@ -174,16 +179,17 @@ def measure(spark, work: Path, n: int, args) -> dict:
     config = JobConfig(n_instances=n, window_seconds=10.0, n_windows=2, watermark_seconds=5.0,
                        work_us_per_cost=args.work_us_per_cost, max_files_per_trigger=1)
     out: dict = {"instances": n, "hot_share": args.hot_share}
-    for name in ("hash", "whole", "split"):
+    for name in ("hash", "whole", "split", "split-nomerge"):
         root = work / f"n{n}-{name}"
         copy_events(source, root)
         if name == "whole":
             out["plans"] = plans(spark, str(work / f"n{n}-hash"), n, args.theta)
         if name != "hash":
-            plan = out["plans"][name]
+            plan = out["plans"][name.split("-")[0]]
             tables.publish_assignment(spark, plan["routing"], n, {"method": plan["method"]},
                                       str(root), splits=plan["splits"])
-        out[name] = run(spark, replace(config, name=f"n{n}{name}"), root, expected)
+        out[name] = run(spark, replace(config, name=f"n{n}{name.replace('-', '')}",
+                                       window_results=name != "split-nomerge"), root, expected)
         r = out[name]
         print(f"  N={n} {name:5}: {r['events_per_second']:7.0f} events/s, critical path "
               f"{r['critical_path']:.2f}, load max/mean {r['load_max_over_mean']:.2f}, "
@@ -192,6 +198,8 @@ def measure(spark, work: Path, n: int, args) -> dict:
     out["modeled_speedup"] = out["whole"]["critical_path"] / out["split"]["critical_path"]
     out["measured_speedup"] = (out["split"]["events_per_second"]
                                / out["whole"]["events_per_second"])
+    out["merge_cost"] = 1 - (out["split"]["events_per_second"]
+                             / out["split-nomerge"]["events_per_second"])
     return out
 
 
@@ -230,16 +238,20 @@ def main(argv: list[str] | None = None) -> int:
           "| window_results exact | partials merged / window | hot key's extra state |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        for name in ("hash", "whole", "split"):
+        for name in ("hash", "whole", "split", "split-nomerge"):
             x = r[name]
-            planned = f"{r['plans'][name]['planned_imbalance']:.3f}" if name != "hash" else "-"
+            planned = (f"{r['plans'][name.split('-')[0]]['planned_imbalance']:.3f}"
+                       if name != "hash" else "-")
+            exact = {True: "yes", False: "NO", None: "(not written)"}[x["window_results_exact"]]
             print(f"| {r['instances']} | {name} | {planned} | {x['load_max_over_mean']:.2f} | "
                   f"{x['critical_path']:.2f} | {x['events_per_second']:.0f} | "
-                  f"{'yes' if x['window_results_exact'] else 'NO'} | "
+                  f"{exact} | "
                   f"{x['merged_partials_per_window']:.0f} | "
                   f"{x['hot_key_extra_state_bytes']:.0f} B |")
         print(f"| {r['instances']} | split / whole | | | **{r['modeled_speedup']:.2f}x** "
               f"(modeled) | {r['measured_speedup']:.2f}x (measured) | | | |")
+        print(f"| {r['instances']} | merge cost | | | | {r['merge_cost']:+.1%} of events/s "
+              "(split without window_results) | | | |")
     print(f"\nwritten {args.out / 'split.json'}")
     return 0
 

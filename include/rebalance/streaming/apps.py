@@ -42,6 +42,8 @@ def add_job_options(parser: argparse.ArgumentParser, *, trigger_seconds: float |
     group.add_argument("--watermark-seconds", type=float, default=d.watermark_seconds,
                        help="allowed event-time lateness")
     group.add_argument("--no-histograms", action="store_true", help="do not emit histograms")
+    group.add_argument("--no-window-results", action="store_true",
+                       help="do not merge closed windows into window_results")
     group.add_argument("--work-us-per-cost", type=float, default=d.work_us_per_cost,
                        help="simulated CPU work per unit of event cost (benchmarks)")
     group.add_argument("--max-files-per-trigger", type=int,
@@ -81,4 +83,5 @@ def job_config_from_args(args: argparse.Namespace):
         trigger_seconds=args.trigger_seconds, name=args.name,
         tables_root=args.tables_root, checkpoint_root=args.checkpoint_root,
         source=args.source, bootstrap_servers=args.bootstrap_servers, topic=args.topic,
-        max_offsets_per_trigger=args.max_offsets_per_trigger, dedup=args.dedup)
+        max_offsets_per_trigger=args.max_offsets_per_trigger, dedup=args.dedup,
+        window_results=not args.no_window_results)

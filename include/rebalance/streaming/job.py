@@ -96,6 +96,8 @@ class JobConfig:
     topic: str | None = None
     max_offsets_per_trigger: int | None = None
     dedup: bool = True
+    #: merge each closed window's partials into ``window_results`` (needs the histograms)
+    window_results: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -436,7 +438,7 @@ class KeyedOutputWriter(IdempotentSink):
             global_id = self.batch_offset + batch_id
             writes = [(batch.where(F.col("kind") == kind).select(projection(global_id)), table)
                       for kind, table, projection in OUTPUTS if kind in present]
-            if KEY_HISTOGRAM in present:
+            if KEY_HISTOGRAM in present and self.config.window_results:
                 first = next(row.first for row in kinds if row.kind == KEY_HISTOGRAM)
                 writes.append((window_results(
                     self.spark, batch.where(F.col("kind") == KEY_HISTOGRAM), self.config,
