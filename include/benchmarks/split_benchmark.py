@@ -36,12 +36,9 @@ carries to a cluster with a core per instance. Writes ``--out`` (JSON).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,6 +47,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stream_benchmark import copy_events, run_job, window_imbalance  # noqa: E402
+from throughput_benchmark import CLUSTER_CONF, cluster_master, write_report  # noqa: E402
 
 T0 = pd.Timestamp("2024-01-01T00:00:00Z")
 
@@ -205,34 +203,17 @@ def measure(spark, work: Path, n: int, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from rebalance.ops.cluster import Cluster, ClusterSettings
     from rebalance.spark.session import get_spark
 
-    cluster, results = None, []
-    with tempfile.TemporaryDirectory(prefix="split-") as tmp:
-        work = Path(tmp)
-        master = "local[2]" if args.local else args.master
-        if not master:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            cluster = Cluster(ClusterSettings(dir=work / "cluster", port=port, memory="1500m"))
-            cluster.up()
-            master = cluster.master_url
-        try:
-            conf = {} if args.local else {"spark.executor.memory": "1g", "spark.cores.max": "2"}
-            spark = get_spark("rebalance-split", master=master, conf=conf)
-            for n in args.instances:
-                results.append(measure(spark, work, n, args))
-            spark.stop()
-        finally:
-            if cluster is not None:
-                cluster.down()
-    report = {"master": master, "load_average_at_end": os.getloadavg(), "params": {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "results": results, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "split.json").write_text(json.dumps(report, indent=2))
+    results: list = []
+    with tempfile.TemporaryDirectory(prefix="split-") as tmp, \
+            cluster_master(Path(tmp), "local[2]" if args.local else args.master) as master:
+        spark = get_spark("rebalance-split", master=master,
+                          conf={} if args.local else CLUSTER_CONF)
+        for n in args.instances:
+            results.append(measure(spark, Path(tmp), n, args))
+        spark.stop()
+    write_report(args.out / "split.json", master, args, results)
     print(f"\nOne key carries {args.hot_share:.0%} of the events; {os.cpu_count()} cores.")
     print("\n| N | placement | planned imbalance | load max/mean | critical path | events/s "
           "| window_results exact | partials merged / window | hot key's extra state |")

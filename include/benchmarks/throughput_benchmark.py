@@ -40,6 +40,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -148,46 +150,62 @@ def _gen_config(args, n: int):
                            batch_seconds=10.0, n_instances=n, seed=args.seed)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+@contextmanager
+def cluster_master(work: Path, master: str | None) -> Iterator[str]:
+    """``master`` when given, else the URL of a standalone cluster (a master and two
+    one-core workers, :mod:`rebalance.ops.cluster`) started under ``work`` for the block
+    and stopped after it."""
+    if master:
+        yield master
+        return
+    import socket
+
     from rebalance.ops.cluster import Cluster, ClusterSettings
-    from rebalance.spark.session import get_spark
-    from rebalance.streaming.generator import append_batches
 
-    cluster = None
-    with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
-        work = Path(tmp)
-        master = args.master
-        if not master:
-            import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = Cluster(ClusterSettings(dir=work / "cluster", port=port, memory="1500m"))
+    cluster.up()
+    try:
+        yield cluster.master_url
+    finally:
+        cluster.down()
 
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            cluster = Cluster(ClusterSettings(dir=work / "cluster", port=port, memory="1500m"))
-            cluster.up()
-            master = cluster.master_url
-        try:
-            spark = get_spark("rebalance-throughput", master=master,
-                              conf={"spark.executor.memory": "1g", "spark.cores.max": "2"})
-            results = []
-            print(f"workload: Zipf 1.0 over {args.keys} keys whose names are chosen so that hash "
-                  f"puts the hottest keys on instance 0 ({args.hot_share:.0%} of the load): "
-                  "adversarial for hash, like tenants whose ids collide", flush=True)
-            for n in args.instances:
-                source = work / f"events-n{n}"
-                gen = colliding_generator(_gen_config(args, n), args.hot_share)
-                append_batches(spark, gen, range(args.batches), str(source))
-                results.append(measure(spark, work, source, n, args))
-            spark.stop()
-        finally:
-            if cluster is not None:
-                cluster.down()
+
+def write_report(path: Path, master: str, args: argparse.Namespace, results: list) -> None:
+    """The run's figures as JSON, with the machine's load average and the parameters."""
     report = {"master": master, "load_average_at_end": os.getloadavg(), "params": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "results": results, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "throughput.json").write_text(json.dumps(report, indent=2))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+
+
+#: The session conf of a benchmark on the two-worker cluster.
+CLUSTER_CONF = {"spark.executor.memory": "1g", "spark.cores.max": "2"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from rebalance.spark.session import get_spark
+    from rebalance.streaming.generator import append_batches
+
+    with tempfile.TemporaryDirectory(prefix="throughput-") as tmp, \
+            cluster_master(Path(tmp), args.master) as master:
+        work = Path(tmp)
+        spark = get_spark("rebalance-throughput", master=master, conf=CLUSTER_CONF)
+        results = []
+        print(f"workload: Zipf 1.0 over {args.keys} keys whose names are chosen so that hash "
+              f"puts the hottest keys on instance 0 ({args.hot_share:.0%} of the load): "
+              "adversarial for hash, like tenants whose ids collide", flush=True)
+        for n in args.instances:
+            source = work / f"events-n{n}"
+            gen = colliding_generator(_gen_config(args, n), args.hot_share)
+            append_batches(spark, gen, range(args.batches), str(source))
+            results.append(measure(spark, work, source, n, args))
+        spark.stop()
+    write_report(args.out / "throughput.json", master, args, results)
     print("\nKey names chosen so that hash puts the hottest keys on one instance "
           f"({args.hot_share:.0%} of the load; adversarial for hash).")
     print("\n| N | hash load max/mean (model) | hash events/s | planned events/s | speedup "

@@ -114,3 +114,18 @@ def test_the_trigger_sees_a_live_split_key_by_its_shares():
     assert len(split.keys) == 5 and sorted(k for k in split.keys if "hot" in k) == [
         "hot\x1f0", "hot\x1f1"]
     assert np.bincount(current, weights=split.loads[0], minlength=2).tolist() == [40.0, 60.0]
+
+
+def test_the_assignment_frame_of_a_split_plan_moves_a_key_only_off_all_its_shares():
+    from rebalance.control.inputs import assignment_frame
+    from rebalance.core.model import Problem
+    from rebalance.core.records import frame_splits
+
+    problem = Problem(keys=np.array(["a", "b", "c"], dtype=object), load=np.array([8.0, 4, 1]),
+                      state=np.array([1.0, 1, 1]), current=np.array([0, 2, 1]),
+                      default=np.array([0, 2, 1]), n_instances=3)
+    frame = assignment_frame(problem, np.array([1, 0, 1]),
+                             {"a": {1: 0.6, 0: 0.4}, "b": {0: 0.5, 1: 0.5}})
+    assert frame["moved"].tolist() == [False, True, False]   # a keeps a share on 0
+    assert frame_splits(frame) == {"a": {0: 0.4, 1: 0.6}, "b": {0: 0.5, 1: 0.5}}
+    assert frame["split"].isna().tolist() == [False, False, True]

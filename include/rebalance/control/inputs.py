@@ -296,8 +296,8 @@ def base_assignment(spark, inputs: Mapping[str, Any]):
     return tables.read_assignment(spark, version=int(inputs["base_assignment_version"]))
 
 
-def load_problem(spark, inputs: Mapping[str, Any],
-                 rows: pd.DataFrame | None = None) -> tuple[Problem, dict[str, int]]:
+def load_problem(spark, inputs: Mapping[str, Any], rows: pd.DataFrame | None = None,
+                 table: Mapping[str, int] | None = None) -> tuple[Problem, dict[str, int]]:
     """The planning problem of the pinned inputs, and the base routing table.
 
     The histogram rows of the pinned windows (one Delta version of ``key_histograms``)
@@ -307,12 +307,13 @@ def load_problem(spark, inputs: Mapping[str, Any],
     of its latest window (the job's state is the sliding window of its last w windows:
     seed 003's S(k, w)), current instance = the base assignment version's routing table
     over the default placement. Keys of the routing table without events are planned too.
-    ``rows``: the pinned rows when already read (:func:`load_rows`).
+    ``rows``, ``table``: the pinned rows and the base routing table when already read
+    (:func:`load_rows`, :func:`base_assignment`).
     """
     from rebalance.core.histograms import build_problem
 
     pdf = load_rows(spark, inputs) if rows is None else rows
-    table = base_routing(spark, inputs)
+    table = dict(base_routing(spark, inputs) if table is None else table)
     routing = pd.DataFrame({"key": list(table), "instance": list(table.values())})
     problem, _ = build_problem(pdf, int(inputs["n_instances"]), routing,
                                windows=len(inputs["windows"]))
@@ -336,12 +337,13 @@ def assignment_frame(problem: Problem, assignment: np.ndarray,
     }).loc[:, list(FRAME_COLUMNS)]
     if splits:
         text = {str(k): split_text(parts) for k, parts in splits.items()}
+        shares_on = {str(k): {int(i) for i in parts} for k, parts in splits.items()}
         frame[SPLIT_COLUMN] = frame["key"].map(text).astype(object)
         frame[SPLIT_COLUMN] = frame[SPLIT_COLUMN].where(frame[SPLIT_COLUMN].notna(), None)
-        for i, key in enumerate(frame["key"]):
-            if key in splits:     # moved: no share stays where its state is
-                frame.iat[i, frame.columns.get_loc("moved")] = (
-                    int(frame["current"].iat[i]) not in splits[key])
+        split = frame["key"].isin(list(shares_on))
+        # a split key is moved when no share stays where its state is
+        frame.loc[split, "moved"] = [int(c) not in shares_on[k] for k, c in zip(
+            frame.loc[split, "key"], frame.loc[split, "current"])]
     return frame
 
 

@@ -121,7 +121,7 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
     base = base_assignment(spark, inputs)
     history, current = window_history(rows, int(inputs["n_instances"]), base.routing,
                                       base.splits)
-    problem, _ = load_problem(spark, inputs, rows=rows)
+    problem, _ = load_problem(spark, inputs, rows=rows, table=base.routing)
     total_state = float(problem.state.sum())
     inputs.update(n_keys=problem.n_keys, total_state=total_state)
     params = p.planner_params(total_state)

@@ -234,9 +234,8 @@ def frame_splits(frame: pd.DataFrame) -> dict[str, dict[int, float]]:
     if SPLIT_COLUMN not in frame.columns:
         return {}
     out: dict[str, dict[int, float]] = {}
-    for key, text in zip(frame["key"], frame[SPLIT_COLUMN]):
-        if text is None or (isinstance(text, float) and text != text):
-            continue
+    present = frame[SPLIT_COLUMN].notna().to_numpy()
+    for key, text in zip(frame["key"].to_numpy()[present], frame[SPLIT_COLUMN].to_numpy()[present]):
         try:
             parts = json.loads(text)
             out[str(key)] = {int(i): float(share) for i, share in parts.items()}
