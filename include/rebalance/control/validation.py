@@ -96,8 +96,11 @@ def split_failures(frame: pd.DataFrame, n_instances: int, drain=()) -> list[str]
         validate_splits(splits, n_instances)
     except (ValueError, AssignmentError) as exc:
         return [str(exc)]
-    out = []
-    instance = dict(zip(frame["key"].astype(str), frame["instance"]))
+    out: list[str] = []
+    if not splits:      # a plan of whole keys: nothing more to read
+        return out
+    rows = frame[frame["key"].astype(str).isin(list(splits))]
+    instance = dict(zip(rows["key"].astype(str), rows["instance"]))
     for key, parts in splits.items():
         if int(instance[key]) not in parts:
             out.append(f"split key {key!r}: its instance {instance[key]} is not one of its "
