@@ -20,7 +20,9 @@ The tests then use it as a person does:
 
 Each test puts the stack in the state it needs (:func:`service_helpers.scheduled` or
 :func:`service_helpers.quiet`, the default placement) and triggers its own runs, so any
-one runs alone with ``-k``. At the session's end ``down`` must leave no process of the
+one runs alone with ``-k``. The tests on the schedule come first (the stack starts on it),
+then those with none: in a whole run the stack switches once (each switch re-parses the DAG,
+about 25 s). At the session's end ``down`` must leave no process of the
 service behind. Screenshots are saved under ``$REBALANCE_TEST_SHOTS`` (default
 ``.data/test-shots``).
 """
@@ -127,36 +129,6 @@ def _listening(pids: set[int]) -> list[tuple[int, str]]:
             if fields[3] == "0A" and fields[9] in inodes:
                 out.append((inodes[fields[9]], fields[1]))
     return out
-
-
-def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
-    """``make demo`` (or ``airflow dags test``) registers the DAG paused and Airflow keeps the
-    flag; ``make up`` afterwards must unpause it, or nothing is ever scheduled. Here the
-    DAG is paused, then ``up`` runs again over the running stack (every component is
-    already up, as after ``make demo && make up``) and unpauses it."""
-    from rebalance.ops.health import service_lines
-
-    path = "/api/v2/dags/rebalance"
-    # a window the job wrote (a fresh stack has none for its first seconds)
-    quiet.wait_windows_until(dt.datetime.fromtimestamp(5 * (time.time() // 5),
-                                                       dt.timezone.utc))
-    api.call("PATCH", path, {"is_paused": True})
-    assert api.get(path)["is_paused"] is True
-    # `make status` says so (the health strip), and that the job writes windows
-    health = dict(service_lines(quiet, quiet.status(), "rebalance"))
-    assert health["dag"].startswith("PAUSED: nothing is scheduled"), health
-    assert api.get("/rebalance/api/health")["dag"].startswith("PAUSED")   # and the view
-    assert re.match(r"running; newest window \S+ \S+ UTC, closed \d+ (s|min) ago",
-                    health["job"]), health
-    lines: list[str] = []
-    out, quiet.out = quiet.out, lines.append
-    try:
-        assert quiet.up() == []  # nothing new started
-    finally:
-        quiet.out = out
-    assert api.get(path)["is_paused"] is False
-    assert any("unpaused" in line for line in lines), lines
-    assert dict(service_lines(quiet, quiet.status(), "rebalance"))["dag"] == "active (unpaused)"
 
 
 def test_every_process_of_the_service_listens_on_loopback_only(service):
@@ -284,6 +256,36 @@ def test_a_backfill_started_in_the_ui_stores_what_if_plans(scheduled, ui, api):
     strip = ui.page.locator("#health").inner_text()     # the health strip, at the top
     assert re.search(r"dag active \(unpaused\).*job newest window \S+ \S+ UTC, closed .*"
                      r"last run \S+__", strip), strip
+
+
+def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
+    """``make demo`` (or ``airflow dags test``) registers the DAG paused and Airflow keeps the
+    flag; ``make up`` afterwards must unpause it, or nothing is ever scheduled. Here the
+    DAG is paused, then ``up`` runs again over the running stack (every component is
+    already up, as after ``make demo && make up``) and unpauses it."""
+    from rebalance.ops.health import service_lines
+
+    path = "/api/v2/dags/rebalance"
+    # a window the job wrote (a fresh stack has none for its first seconds)
+    quiet.wait_windows_until(dt.datetime.fromtimestamp(5 * (time.time() // 5),
+                                                       dt.timezone.utc))
+    api.call("PATCH", path, {"is_paused": True})
+    assert api.get(path)["is_paused"] is True
+    # `make status` says so (the health strip), and that the job writes windows
+    health = dict(service_lines(quiet, quiet.status(), "rebalance"))
+    assert health["dag"].startswith("PAUSED: nothing is scheduled"), health
+    assert api.get("/rebalance/api/health")["dag"].startswith("PAUSED")   # and the view
+    assert re.match(r"running; newest window \S+ \S+ UTC, closed \d+ (s|min) ago",
+                    health["job"]), health
+    lines: list[str] = []
+    out, quiet.out = quiet.out, lines.append
+    try:
+        assert quiet.up() == []  # nothing new started
+    finally:
+        quiet.out = out
+    assert api.get(path)["is_paused"] is False
+    assert any("unpaused" in line for line in lines), lines
+    assert dict(service_lines(quiet, quiet.status(), "rebalance"))["dag"] == "active (unpaused)"
 
 
 def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(quiet):

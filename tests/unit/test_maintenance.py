@@ -191,3 +191,22 @@ def test_the_dag_fails_bad_params_at_once_without_a_retry_and_without_spark(monk
     with pytest.raises(InvalidParams, match="invalid maintenance params: vacuum_retention_hours 24"):
         module.run("expire", {"vacuum_retention_hours": 24})
 
+
+
+# ------------------------------------------------------------------ a table's log version
+def test_the_log_version_is_the_newest_commit_file_and_none_without_one(tmp_path):
+    from rebalance.spark.paths import local_path, log_version
+
+    table = tmp_path / "restarts"
+    assert log_version(table) is None                      # no folder
+    (table / "_delta_log").mkdir(parents=True)
+    assert log_version(table) is None                      # no commit yet
+    for name in ("00000000000000000000.json", "00000000000000000010.json",
+                 "00000000000000000010.checkpoint.parquet", "00000000000000000011.crc",
+                 "_last_checkpoint", "00000000000000000009.json.tmp"):
+        (table / "_delta_log" / name).write_text("{}")
+    assert log_version(table) == 10 and log_version(f"file://{table}") == 10
+    (table / "_delta_log" / "00000000000000000011.json").write_text("{}")
+    assert log_version(str(table)) == 11
+    assert log_version("s3a://bucket/tables/restarts") is None   # a URI: read it instead
+    assert local_path("s3a://b/t") is None and local_path(f"file://{table}") == table

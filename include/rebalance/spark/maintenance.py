@@ -43,6 +43,7 @@ from typing import Any
 
 from rebalance.core.records import as_utc, commit_metadata, utcnow
 from rebalance.spark import tables
+from rebalance.spark.paths import local_path
 from rebalance.spark.plan_store import CONTROL, PLAN_ASSIGNMENTS, PLANS, delta_txn, is_conflict
 from rebalance.spark.session import session_confs
 from rebalance.spark.tables import Table
@@ -330,25 +331,20 @@ def _version(spark, policy: Policy, root) -> int:
     return int(spark.sql(f"DESCRIBE HISTORY {_sql(policy, root)} LIMIT 1").first().version)
 
 
-def _local(path: str) -> Path | None:
-    scheme, sep, rest = path.partition("://")
-    return Path(rest if sep else path) if not sep or scheme == "file" else None
-
-
 def _files_on_disk(path: str) -> int | None:
     """Parquet files in a local table's folder (live and replaced); None for a URI."""
-    folder = _local(path)
+    folder = local_path(path)
     return None if folder is None else sum(
         1 for f in folder.rglob("*.parquet") if "_delta_log" not in f.parts)
 
 
 def _log_entries(path: str) -> int | None:
-    folder = _local(path)
+    folder = local_path(path)
     return None if folder is None else len(list((folder / "_delta_log").glob("[0-9]*.json")))
 
 
 def _last_checkpoint(path: str) -> int | None:
-    marker = (_local(path) or Path("/nonexistent")) / "_delta_log" / "_last_checkpoint"
+    marker = (local_path(path) or Path("/nonexistent")) / "_delta_log" / "_last_checkpoint"
     return int(json.loads(marker.read_text())["version"]) if marker.is_file() else None
 
 

@@ -26,3 +26,22 @@ def data_dir() -> Path:
 def jars_dir() -> Path:
     """Folder with the Delta Lake JARs (``REBALANCE_JARS_DIR``, default ``.jars``)."""
     return _env_path("REBALANCE_JARS_DIR", REPO_ROOT / ".jars")
+
+
+def local_path(path: str | Path) -> Path | None:
+    """The folder of a local path or ``file://`` URI; None for another URI (``s3a://`` ...)."""
+    scheme, sep, rest = str(path).partition("://")
+    return Path(rest if sep else path) if not sep or scheme == "file" else None
+
+
+def log_version(table_path: str | Path) -> int | None:
+    """The newest commit version of a local Delta table, from its log folder's file names
+    (no Spark job: a poll that finds a table unchanged costs one directory listing). None
+    for a URI or a folder with no commit: the caller then reads the table itself."""
+    folder = local_path(table_path)
+    try:
+        names = os.listdir(folder / "_delta_log") if folder is not None else []
+    except OSError:
+        return None
+    return max((int(n[:20]) for n in names
+                if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()), default=None)

@@ -67,7 +67,7 @@ from rebalance.core.assignment import (  # noqa: F401 (part of this module's API
     validate_routing,
     validate_splits,
 )
-from rebalance.spark.paths import data_dir
+from rebalance.spark.paths import data_dir, local_path
 
 
 class TableError(RuntimeError):
@@ -230,9 +230,9 @@ def exists(spark: SparkSession, table: Table, root: str | Path | None = None) ->
     ``hdfs://`` ...) by asking Delta for the table's details.
     """
     path = table.path(root)
-    scheme, sep, rest = str(path).partition("://")
-    if not sep or scheme == "file":
-        log = Path(rest if sep else path) / "_delta_log"
+    folder = local_path(path)
+    if folder is not None:
+        log = folder / "_delta_log"
         return log.is_dir() and any(log.glob("*.json"))
     try:
         spark.sql(f"DESCRIBE DETAIL {sql_name(path)}").collect()
@@ -247,9 +247,8 @@ def check_readable(spark: SparkSession, table: Table, root: str | Path | None = 
     cannot read (garbage commit JSON, missing files). A table that does not exist passes.
     For commands that only read; writers create missing tables (:func:`ensure_table`)."""
     path = table.path(root)
-    scheme, sep, rest = str(path).partition("://")
-    if not sep or scheme == "file":
-        folder = Path(rest if sep else path)
+    folder = local_path(path)
+    if folder is not None:
         if folder.exists() and not folder.is_dir():
             raise UnreadableTableError(f"table {table.name!r} at {folder} is not a folder")
         if folder.is_dir() and not (folder / "_delta_log").is_dir() and any(

@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from rebalance.spark import tables
+from rebalance.spark.paths import log_version
 from rebalance.spark.plan_store import CONFLICT_BACKOFF_SECONDS, CONFLICT_RETRIES, is_conflict, utcnow
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class RestartControl:
                  root: str | Path | None = None) -> None:
         self.spark, self.job, self.root = spark, job, root
         self._ready = False
+        #: (log version, this job's steps at it): the job polls every few seconds, and a
+        #: poll that finds the table at the version read last reads nothing again
+        self._cached: tuple[int, list[Step]] | None = None
 
     def record(self, request_id: str, step: str, generation: Generation | None = None,
                assignment_version: int | None = None, n_instances: int | None = None,
@@ -134,16 +138,26 @@ class RestartControl:
         log.info("restart %s: %s", request_id, ", ".join(names))
 
     def steps(self, request_id: str | None = None) -> list[Step]:
-        """Recorded steps (of one request), in commit order."""
-        if not tables.exists(self.spark, tables.RESTARTS, self.root):
-            return []
-        df = tables.read(self.spark, tables.RESTARTS, self.root).where(F.col("job") == self.job)
-        if request_id is not None:
-            df = df.where(F.col("request_id") == request_id)
-        rows = df.collect()
-        rows = sorted(rows, key=lambda r: (r.at, STEPS[r.step]))
-        return [Step(r.request_id, r.step, r.generation, r.assignment_version, r.n_instances,
-                     r.checkpoint, json.loads(r.detail or "{}"), r.at) for r in rows]
+        """Recorded steps (of one request), in commit order.
+
+        Read again only when the table has a commit not read yet (a local table's log
+        version, :func:`rebalance.spark.paths.log_version`); a URI is read every time."""
+        version = log_version(tables.RESTARTS.path(self.root))
+        if version is not None and self._cached is not None and self._cached[0] == version:
+            steps = self._cached[1]
+        else:
+            if not tables.exists(self.spark, tables.RESTARTS, self.root):
+                return []
+            # the version listed before the read: a commit in between makes the next call
+            # read again (the cache is never newer than the key it is stored under claims)
+            rows = (tables.read(self.spark, tables.RESTARTS, self.root)
+                    .where(F.col("job") == self.job).collect())
+            rows = sorted(rows, key=lambda r: (r.at, STEPS[r.step]))
+            steps = [Step(r.request_id, r.step, r.generation, r.assignment_version,
+                          r.n_instances, r.checkpoint, json.loads(r.detail or "{}"), r.at)
+                     for r in rows]
+            self._cached = None if version is None else (version, steps)
+        return [s for s in steps if request_id is None or s.request_id == request_id]
 
     def request(self, assignment_version: int, n_instances: int,
                 request_id: str | None = None, **detail: Any) -> str:
