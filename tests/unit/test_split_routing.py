@@ -129,3 +129,15 @@ def test_the_assignment_frame_of_a_split_plan_moves_a_key_only_off_all_its_share
     assert frame["moved"].tolist() == [False, True, False]   # a keeps a share on 0
     assert frame_splits(frame) == {"a": {0: 0.4, 1: 0.6}, "b": {0: 0.5, 1: 0.5}}
     assert frame["split"].isna().tolist() == [False, False, True]
+
+
+def test_a_split_key_is_moved_only_when_no_share_stays_on_its_current_instance():
+    from rebalance.core.records import moved_mask
+
+    keys = np.array(["a", "b", "c", "d"], dtype=object)
+    instance, current = np.array([0, 1, 2, 3]), np.array([0, 2, 1, 3])
+    assert moved_mask(keys, instance, current).tolist() == [False, True, True, False]
+    splits = {"b": {1: 0.5, 2: 0.5},        # keeps a share on its current instance 2
+              "d": {0: 0.6, 1: 0.4}}        # leaves instance 3 entirely
+    assert moved_mask(keys, instance, current, splits).tolist() == [False, False, True, True]
+    assert moved_mask(keys, instance, current, {}).tolist() == [False, True, True, False]

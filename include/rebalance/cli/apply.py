@@ -294,10 +294,9 @@ def stale_reason(problem, instance, moved, live_version: int,
     split key (``splits``) is moved when none of its instances is its current one."""
     import numpy as np
 
-    leaves = instance != problem.current
-    keys = problem.keys.astype(str)
-    for i in np.flatnonzero(np.isin(keys, list(splits or ()))):
-        leaves[i] = int(problem.current[i]) not in splits[keys[i]]
+    from rebalance.core.records import moved_mask
+
+    leaves = moved_mask(problem.keys, instance, problem.current, splits)
     kept_elsewhere = ~moved & leaves
     moved_nowhere = moved & ~leaves
     wrong = int(kept_elsewhere.sum() + moved_nowhere.sum())

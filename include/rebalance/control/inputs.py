@@ -22,7 +22,7 @@ from rebalance.control.errors import RunSkipped
 from rebalance.control.params import RunInfo, RunParams
 from rebalance.core.backtest import WindowHistory
 from rebalance.core.model import PlanningError, Problem
-from rebalance.core.records import FRAME_COLUMNS, SPLIT_COLUMN, as_utc, split_text
+from rebalance.core.records import FRAME_COLUMNS, SPLIT_COLUMN, as_utc, moved_mask, split_text
 from rebalance.spark.session import SNAPSHOT_PARTITIONS
 
 if TYPE_CHECKING:
@@ -333,17 +333,13 @@ def assignment_frame(problem: Problem, assignment: np.ndarray,
         "default": problem.default,
         "load": problem.load,
         "state": problem.state,
-        "moved": a != problem.current,
+        "moved": moved_mask(problem.keys, a, problem.current,
+                            {str(k): parts for k, parts in (splits or {}).items()}),
     }).loc[:, list(FRAME_COLUMNS)]
     if splits:
         text = {str(k): split_text(parts) for k, parts in splits.items()}
-        shares_on = {str(k): {int(i) for i in parts} for k, parts in splits.items()}
         frame[SPLIT_COLUMN] = frame["key"].map(text).astype(object)
         frame[SPLIT_COLUMN] = frame[SPLIT_COLUMN].where(frame[SPLIT_COLUMN].notna(), None)
-        split = frame["key"].isin(list(shares_on))
-        # a split key is moved when no share stays where its state is
-        frame.loc[split, "moved"] = [int(c) not in shares_on[k] for k, c in zip(
-            frame.loc[split, "key"], frame.loc[split, "current"])]
     return frame
 
 

@@ -24,7 +24,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rebalance.core.records import FRAME_COLUMNS, SPLIT_COLUMN, frame_loads, frame_splits
+from rebalance.core.records import (
+    FRAME_COLUMNS,
+    SPLIT_COLUMN,
+    frame_loads,
+    frame_splits,
+    moved_mask,
+)
 
 ASSIGNMENT_COLUMNS = FRAME_COLUMNS
 _ROUND = 9  # digits compared when checking reported against recomputed metrics
@@ -55,24 +61,22 @@ class ValidationResult:
         return "plan rejected: " + "; ".join(self.failures)
 
 
-def recompute_metrics(frame: pd.DataFrame, n_instances: int, drain=()) -> dict[str, float]:
+def recompute_metrics(frame: pd.DataFrame, n_instances: int, drain=(),
+                      splits: dict[str, dict[int, float]] | None = None) -> dict[str, float]:
     """Metrics of the assignment frame, from its columns alone. A split key
-    (:data:`~rebalance.core.records.SPLIT_COLUMN`) loads each of its instances by its
-    share, is moved only when none of them is its current instance, and takes one
+    (:data:`~rebalance.core.records.SPLIT_COLUMN`; ``splits``: the frame's, parsed by the
+    caller) loads each of its instances by its share, is moved only when none of them is
+    its current instance (:func:`~rebalance.core.records.moved_mask`), and takes one
     routing-table entry per share."""
     load = frame["load"].to_numpy(dtype=np.float64)
     state = frame["state"].to_numpy(dtype=np.float64)
     inst = frame["instance"].to_numpy()
-    current = frame["current"].to_numpy()
-    splits = frame_splits(frame)
+    splits = frame_splits(frame) if splits is None else splits
     split = frame["key"].astype(str).isin(list(splits)).to_numpy()
-    loads = np.asarray(frame_loads(frame, n_instances))
-    moved = inst != current
+    loads = np.asarray(frame_loads(frame, n_instances, splits=splits))
+    moved = moved_mask(frame["key"], inst, frame["current"], splits)
     entries = int((inst[~split] != frame["default"].to_numpy()[~split]).sum())
-    for i in np.flatnonzero(split):
-        parts = splits[str(frame["key"].iat[i])]
-        moved[i] = int(current[i]) not in parts
-        entries += len(parts)
+    entries += sum(len(parts) for parts in splits.values())
     active = n_instances - len(set(drain))
     total = float(load.sum())
     total_state = float(state.sum())
@@ -89,13 +93,24 @@ def split_failures(frame: pd.DataFrame, n_instances: int, drain=()) -> list[str]
     """What is wrong with the split keys of a frame: the shares (at least two instances
     in ``[0, N)``, each > 0, summing to 1), a key's ``instance`` not among its shares, a
     share on a drained instance."""
+    return _split_checks(frame, n_instances, drain)[0]
+
+
+def _split_checks(frame: pd.DataFrame, n_instances: int, drain=()
+                  ) -> tuple[list[str], dict[str, dict[int, float]]]:
+    """(:func:`split_failures`, the frame's splits: empty when they cannot be read)."""
     from rebalance.core.assignment import AssignmentError, validate_splits
 
     try:
         splits = frame_splits(frame)
         validate_splits(splits, n_instances)
     except (ValueError, AssignmentError) as exc:
-        return [str(exc)]
+        return [str(exc)], {}
+    return _share_failures(frame, splits, drain), splits
+
+
+def _share_failures(frame: pd.DataFrame, splits: dict[str, dict[int, float]], drain=()
+                    ) -> list[str]:
     out: list[str] = []
     if not splits:      # a plan of whole keys: nothing more to read
         return out
@@ -216,17 +231,15 @@ def validate_plan(frame: pd.DataFrame, metrics: dict[str, Any], limits: PlanLimi
     missing = [c for c in ASSIGNMENT_COLUMNS if c not in frame.columns]
     if missing:
         return ValidationResult(False, [f"assignment frame lacks columns {missing}"])
-    failures = split_failures(frame, limits.n_instances, limits.drain)
+    failures, splits = _split_checks(frame, limits.n_instances, limits.drain)
     if failures:
         return ValidationResult(False, failures)
     columns = [*ASSIGNMENT_COLUMNS, *([SPLIT_COLUMN] if SPLIT_COLUMN in frame.columns else [])]
     frame = frame.loc[:, columns].copy()
-    frame["moved_recomputed"] = frame["instance"] != frame["current"]
-    for key, parts in frame_splits(frame).items():
-        row = frame["key"].astype(str) == key
-        frame.loc[row, "moved_recomputed"] = ~frame.loc[row, "current"].isin(list(parts))
+    frame["moved_recomputed"] = moved_mask(frame["key"], frame["instance"], frame["current"],
+                                           splits)
     recomputed = recompute_metrics(frame.dropna(subset=list(ASSIGNMENT_COLUMNS)),
-                                   limits.n_instances, limits.drain)
+                                   limits.n_instances, limits.drain, splits)
     row: dict[str, Any] = {}
     for name, value in recomputed.items():
         reported = metrics.get(name)

@@ -245,11 +245,29 @@ def frame_splits(frame: pd.DataFrame) -> dict[str, dict[int, float]]:
     return out
 
 
-def frame_loads(frame: pd.DataFrame, n_instances: int, column: str = "instance") -> list[float]:
+def moved_mask(keys, instance, current, splits: Mapping[str, Mapping[int, float]] | None = None
+               ) -> np.ndarray:
+    """Keys whose state migrates: a whole key off its ``current`` instance; a split key
+    (``splits``: key -> {instance: share}) only when none of its shares is ``current``."""
+    current = np.asarray(current)
+    moved = np.asarray(instance) != current
+    if splits:
+        keys = pd.Series(np.asarray(keys)).astype(str)
+        for i in np.flatnonzero(keys.isin(list(splits)).to_numpy()):
+            moved[i] = int(current[i]) not in splits[keys.iat[i]]
+    return moved
+
+
+def frame_loads(frame: pd.DataFrame, n_instances: int, column: str = "instance",
+                splits: Mapping[str, Mapping[int, float]] | None = None) -> list[float]:
     """Load per instance of an assignment frame under ``column`` (``instance``: the plan;
     ``current``: before it). A split key loads each of its instances by its share under
-    ``instance``; instances outside ``[0, N)`` are left out."""
-    splits = frame_splits(frame) if column == "instance" else {}
+    ``instance``; instances outside ``[0, N)`` are left out. ``splits``: the frame's, when
+    the caller parsed them already."""
+    if column != "instance":
+        splits = {}
+    elif splits is None:
+        splits = frame_splits(frame)
     where = frame[column].to_numpy()
     load = frame["load"].to_numpy(dtype=float)
     whole = (where >= 0) & (where < n_instances)

@@ -156,7 +156,8 @@ def evaluate_split(problem: Problem, assignment: np.ndarray, split: SplitKeys) -
 
 def moved_keys(problem: Problem, assignment: np.ndarray, split: SplitKeys) -> np.ndarray:
     """Keys whose state migrates: whole keys off their current instance, split keys
-    none of whose instances is their current one."""
+    none of whose instances is their current one (:func:`rebalance.core.records.moved_mask`
+    by key names; this one by index, for the planners' 10^6-key arrays)."""
     moved = np.asarray(assignment, dtype=np.int64) != problem.current
     for k, inst in zip(split.index, split.instances):
         moved[k] = not (inst == problem.current[k]).any()
