@@ -11,6 +11,7 @@ The tests then use it as a person does:
   verified with no one touching anything;
 * anonymous requests to the Rebalance view are refused; every process listens on
   127.0.0.1 only;
+* a scheduler that dies is started again by its keepalive;
 * ``rebalance trigger`` runs a what-if plan through the REST API and says why a run
   skipped;
 * in a real headless Chromium (Debian's package, driven by Playwright): start a backfill
@@ -286,6 +287,39 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
     assert api.get(path)["is_paused"] is False
     assert any("unpaused" in line for line in lines), lines
     assert dict(service_lines(quiet, quiet.status(), "rebalance"))["dag"] == "active (unpaused)"
+
+
+def test_a_scheduler_that_dies_is_started_again_by_its_keepalive(quiet, api):
+    """Airflow's scheduler exits when its loop raises (a backfill racing a scheduled run
+    did it here); ``kill -9`` of the scheduler process alone stands in for that: its
+    keepalive (the recorded process) starts it again, and it heartbeats. The tests after
+    this one run on the restarted scheduler."""
+    import signal
+
+    import psutil
+
+    from rebalance.ops.service import alive
+
+    rec = quiet.records()["scheduler"]
+    first = psutil.Process(rec.pid).children()
+    assert len(first) == 1, first          # the wrapper runs one scheduler
+    killed = dt.datetime.now(dt.timezone.utc)
+    os.kill(first[0].pid, signal.SIGKILL)
+
+    def restarted():
+        children = [c for c in psutil.Process(rec.pid).children() if c.pid != first[0].pid]
+        return children and children[0].pid
+    api.wait_for("the keepalive to start the scheduler again", restarted, 60, every=1)
+    assert alive(rec), "the keepalive exited with its scheduler"
+
+    def heartbeat():
+        beat = api.get("/api/v2/monitor/health")["scheduler"]
+        at = beat.get("latest_scheduler_heartbeat")
+        return (beat.get("status") == "healthy" and at
+                and dt.datetime.fromisoformat(at.replace("Z", "+00:00")) > killed and beat)
+    api.wait_for("a heartbeat of the new scheduler", heartbeat, 180, every=2)
+    log = Path(rec.log).read_text()
+    assert "keepalive: scheduler exited with code -9" in log, log[-2000:]
 
 
 def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(quiet):

@@ -165,3 +165,41 @@ def test_follow_hands_each_due_batch_to_its_writer_after_the_recorded_one():
     follow(None, config, stop=stop, clock=clock, write=write, first=3)
     assert [b for b, _ in written] == [3, 4, 5]
     assert all(start + (b + 1) * 10.0 <= t < start + (b + 2) * 10.0 for b, t in written)
+
+
+def test_airflow_daemons_run_under_keepalive(tmp_path):
+    parts = components(_settings(tmp_path, source="delta"))
+    for name, cmd in (("scheduler", "scheduler"), ("dag-processor", "dag-processor"),
+                      ("triggerer", "triggerer")):
+        argv = _argv(parts, name)
+        assert argv[1:5] == ["-m", "rebalance.ops.keepalive", "--name", name], argv
+        assert argv[5] == "--" and argv[6].endswith("/airflow") and argv[7] == cmd, argv
+
+
+def test_keepalive_starts_a_daemon_again_after_it_exits_and_stops_on_sigterm(tmp_path):
+    """A daemon that exits twice is started three times; SIGTERM to the wrapper stops the
+    daemon and ends the wrapper with no restart."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    starts = tmp_path / "starts"
+    daemon = ("import pathlib, sys, time\n"
+              f"p = pathlib.Path({str(starts)!r})\n"
+              "n = len(p.read_text()) if p.exists() else 0\n"
+              "p.write_text('x' * (n + 1))\n"
+              "sys.exit(3) if n < 2 else time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "rebalance.ops.keepalive", "--name", "d",
+                             "--", sys.executable, "-c", daemon],
+                            stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (starts.exists() and len(starts.read_text()) == 3):
+        assert time.monotonic() < deadline and proc.poll() is None, "not started 3 times"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, out)
+    assert len(starts.read_text()) == 3
+    assert out.count("keepalive: d exited with code 3") == 2, out
+    assert "starting it again in 1 s (restart 1)" in out and "in 2 s (restart 2)" in out, out

@@ -10,9 +10,9 @@ process the service needs, each in its own process group, its id recorded under
                           clients (``REBALANCE_SPARK_REMOTE``): no task starts a JVM of its own.
 ``api-server``            Airflow's API server and UI on ``127.0.0.1:<port>``, with the
                           Rebalance view (``plugins/rebalance_view.py``) at ``/rebalance``.
-``scheduler``             Airflow's scheduler (LocalExecutor on the SQLite home).
-``dag-processor``         parses ``dags/``.
-``triggerer``             deferred tasks.
+``scheduler``             Airflow's scheduler (LocalExecutor on the SQLite home), the
+``dag-processor``         DAG parser and the triggerer (deferred tasks): each started again
+``triggerer``             when it exits on its own (``rebalance.ops.keepalive``).
 ``job``                   the keyed streaming job (``spark_apps/restartable_job.py``).
 ``generator``             a skewed event stream in real time (``generate_events.py --follow``).
 ``kafka``                 ``make up SOURCE=kafka`` only: a Kafka broker (``127.0.0.1:9092``);
@@ -21,9 +21,9 @@ process the service needs, each in its own process group, its id recorded under
 
 The ``rebalance`` DAG is unpaused at creation, run every two minutes (``REBALANCE_SCHEDULE``),
 ``rebalance_maintenance`` daily at 03:00 UTC; ``REBALANCE_SPARK_CONF`` tunes every Spark JVM,
-the Connect server's too. ``up`` twice starts nothing new; ``down`` stops every recorded
-process group and its descendants (SIGINT/SIGTERM, SIGKILL after a grace period) and removes
-the records; ``status`` says what runs. All on 127.0.0.1; the admin password is Airflow's.
+the Connect server's too. ``up`` twice starts nothing new; ``down`` stops every recorded process
+group and its descendants (SIGINT/SIGTERM, SIGKILL after a grace period) and removes the
+records; ``status`` says what runs. All on 127.0.0.1; the admin password is Airflow's.
 """
 
 from __future__ import annotations
@@ -232,11 +232,11 @@ def components(s: Settings) -> list[Component]:
         connect,
         Component("api-server", [airflow, "api-server", "--host", HOST, "--port", str(s.api_port)],
                   aenv, port=s.api_port, ready_url=f"{s.api_url}/api/v2/monitor/health"),
-        # One machine: the api-server reads task logs from the files; the log servers
-        # (which would listen on 0.0.0.0) are not started.
-        Component("scheduler", [airflow, "scheduler", "--skip-serve-logs"], aenv),
-        Component("dag-processor", [airflow, "dag-processor"], aenv),
-        Component("triggerer", [airflow, "triggerer", "--skip-serve-logs"], aenv),
+        # One machine: task logs are read from the files; no log server (it binds 0.0.0.0).
+        *[Component(name, [py, "-m", "rebalance.ops.keepalive", "--name", name, "--", airflow,
+                           *cmd], aenv) for name, cmd in (
+            ("scheduler", ["scheduler", "--skip-serve-logs"]), ("dag-processor", ["dag-processor"]),
+            ("triggerer", ["triggerer", "--skip-serve-logs"]))],
         Component("generator", [py, str(REPO_ROOT / "spark_apps" / "generate_events.py"),
                                 "--follow", "--keys", str(s.generator_keys), "--zipf", "1.0",
                                 "--events-per-batch", str(s.events_per_second * batch_seconds),

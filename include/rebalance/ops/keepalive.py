@@ -1,0 +1,88 @@
+"""Run a daemon and start it again when it exits on its own.
+
+    python -m rebalance.ops.keepalive --name scheduler -- airflow scheduler --skip-serve-logs
+
+The service runs Airflow's scheduler, dag-processor and triggerer under this wrapper, as
+systemd's ``Restart=always`` would: Airflow's scheduler exits when its loop raises, and a
+service left without it schedules nothing until someone runs ``make up`` again (seen in
+the suite with Airflow 3.3.2: a backfill created while a scheduled run of the same
+interval was in flight made the loop fail with "UPDATE statement on table 'dag_run'
+expected to update 1 row(s); 0 were matched", and the scheduler exited).
+
+* SIGTERM or SIGINT (``make down``): passed on to the daemon, which is then waited for;
+  it is not started again, and the wrapper exits with its code (128 + the signal's
+  number when the signal ended it).
+* Any other exit of the daemon: it is started again after a pause that doubles from
+  :data:`FIRST_PAUSE_SECONDS` up to :data:`MAX_PAUSE_SECONDS` while it keeps failing, and
+  starts over once a run lasted :data:`STEADY_SECONDS`. Each restart is one line in the
+  component's log.
+
+The daemon stays in the wrapper's process group, so ``make down`` and ``kill`` of the
+recorded process group stop both (the wrapper is the recorded process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+
+FIRST_PAUSE_SECONDS = 1.0
+MAX_PAUSE_SECONDS = 60.0
+STEADY_SECONDS = 300.0
+
+
+class Keepalive:
+    def __init__(self, name: str, argv: list[str], out=print) -> None:
+        self.name, self.argv, self.out = name, argv, out
+        self.child: subprocess.Popen | None = None
+        self.stopping: int | None = None
+        self.restarts = 0
+
+    def _signal(self, signum, _frame) -> None:
+        self.stopping = signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._signal)
+        signal.signal(signal.SIGINT, self._signal)
+        pause = FIRST_PAUSE_SECONDS
+        while True:
+            started = time.monotonic()
+            self.child = subprocess.Popen(self.argv)
+            if self.stopping is not None:           # stopped while it was starting
+                self.child.send_signal(self.stopping)
+            code = self.child.wait()
+            if self.stopping is not None:
+                return 128 - code if code < 0 else code   # the shell's code for a signal
+            ran = time.monotonic() - started
+            pause = FIRST_PAUSE_SECONDS if ran >= STEADY_SECONDS else pause
+            self.restarts += 1
+            self.out(f"keepalive: {self.name} exited with code {code} after {ran:.0f} s; "
+                     f"starting it again in {pause:.0f} s (restart {self.restarts})", flush=True)
+            deadline = time.monotonic() + pause
+            while time.monotonic() < deadline and self.stopping is None:
+                time.sleep(0.2)
+            if self.stopping is not None:
+                return 128 + self.stopping
+            pause = min(2 * pause, MAX_PAUSE_SECONDS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rebalance.ops.keepalive",
+                                description="Run a daemon; start it again when it exits on "
+                                            "its own (not on SIGTERM/SIGINT).")
+    p.add_argument("--name", required=True, help="the daemon's name in the log lines")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the daemon's command")
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("no command given (after --)")
+    return Keepalive(args.name, command).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
