@@ -141,3 +141,18 @@ def test_a_split_key_is_moved_only_when_no_share_stays_on_its_current_instance()
               "d": {0: 0.6, 1: 0.4}}        # leaves instance 3 entirely
     assert moved_mask(keys, instance, current, splits).tolist() == [False, False, True, True]
     assert moved_mask(keys, instance, current, {}).tolist() == [False, True, True, False]
+
+
+def test_the_gate_recomputes_split_metrics_over_the_rows_it_is_given_only():
+    import pandas as pd
+
+    from rebalance.control.validation import recompute_metrics
+    from rebalance.core.records import SPLIT_COLUMN, split_text
+
+    frame = pd.DataFrame({"key": ["a", "b"], "instance": [0, 1], "current": [0, 1],
+                          "default": [0, 1], "load": [4.0, 2.0], "state": [1.0, 1.0],
+                          "moved": [False, False],
+                          SPLIT_COLUMN: [split_text({0: 0.5, 1: 0.5}), None]})
+    splits = {"a": {0: 0.5, 1: 0.5}, "gone": {0: 0.5, 1: 0.5}}   # parsed before a row was dropped
+    assert recompute_metrics(frame, 2, splits=splits) == recompute_metrics(frame, 2)
+    assert recompute_metrics(frame, 2)["table_size"] == 2

@@ -73,6 +73,7 @@ def recompute_metrics(frame: pd.DataFrame, n_instances: int, drain=(),
     inst = frame["instance"].to_numpy()
     splits = frame_splits(frame) if splits is None else splits
     split = frame["key"].astype(str).isin(list(splits)).to_numpy()
+    splits = {k: splits[k] for k in frame["key"].astype(str)[split]}   # the rows given only
     loads = np.asarray(frame_loads(frame, n_instances, splits=splits))
     moved = moved_mask(frame["key"], inst, frame["current"], splits)
     entries = int((inst[~split] != frame["default"].to_numpy()[~split]).sum())
