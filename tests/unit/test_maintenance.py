@@ -210,3 +210,20 @@ def test_the_log_version_is_the_newest_commit_file_and_none_without_one(tmp_path
     assert log_version(str(table)) == 11
     assert log_version("s3a://bucket/tables/restarts") is None   # a URI: read it instead
     assert local_path("s3a://b/t") is None and local_path(f"file://{table}") == table
+
+
+def test_commit_versions_are_the_commit_files_only_and_none_for_a_uri(tmp_path):
+    from rebalance.spark.maintenance import _log_entries
+    from rebalance.spark.paths import commit_versions
+
+    table = tmp_path / "plans"
+    assert commit_versions(table) == [] and _log_entries(str(table)) == 0   # no log yet
+    (table / "_delta_log").mkdir(parents=True)
+    for name in ("00000000000000000000.json", "00000000000000000001.json",
+                 "00000000000000000000.00000000000000000001.compacted.json",
+                 "00000000000000000001.checkpoint.parquet", "00000000000000000001.crc",
+                 "00000000000000000002.json.tmp", "_last_checkpoint"):
+        (table / "_delta_log" / name).write_text("{}")
+    assert sorted(commit_versions(table)) == [0, 1] and _log_entries(str(table)) == 2
+    assert commit_versions("s3a://bucket/tables/plans") is None
+    assert _log_entries("s3a://bucket/tables/plans") is None

@@ -72,10 +72,11 @@ def recompute_metrics(frame: pd.DataFrame, n_instances: int, drain=(),
     state = frame["state"].to_numpy(dtype=np.float64)
     inst = frame["instance"].to_numpy()
     splits = frame_splits(frame) if splits is None else splits
-    split = frame["key"].astype(str).isin(list(splits)).to_numpy()
-    splits = {k: splits[k] for k in frame["key"].astype(str)[split]}   # the rows given only
+    keys = frame["key"].astype(str)
+    split = keys.isin(list(splits)).to_numpy()
+    splits = {k: splits[k] for k in keys[split]}   # the rows given only
     loads = np.asarray(frame_loads(frame, n_instances, splits=splits))
-    moved = moved_mask(frame["key"], inst, frame["current"], splits)
+    moved = moved_mask(keys, inst, frame["current"], splits)
     entries = int((inst[~split] != frame["default"].to_numpy()[~split]).sum())
     entries += sum(len(parts) for parts in splits.values())
     active = n_instances - len(set(drain))

@@ -43,7 +43,7 @@ from typing import Any
 
 from rebalance.core.records import as_utc, commit_metadata, utcnow
 from rebalance.spark import tables
-from rebalance.spark.paths import local_path
+from rebalance.spark.paths import commit_versions, local_path
 from rebalance.spark.plan_store import CONTROL, PLAN_ASSIGNMENTS, PLANS, delta_txn, is_conflict
 from rebalance.spark.session import session_confs
 from rebalance.spark.tables import Table
@@ -339,8 +339,8 @@ def _files_on_disk(path: str) -> int | None:
 
 
 def _log_entries(path: str) -> int | None:
-    folder = local_path(path)
-    return None if folder is None else len(list((folder / "_delta_log").glob("[0-9]*.json")))
+    versions = commit_versions(path)
+    return None if versions is None else len(versions)
 
 
 def _last_checkpoint(path: str) -> int | None:

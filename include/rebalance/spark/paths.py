@@ -34,14 +34,22 @@ def local_path(path: str | Path) -> Path | None:
     return Path(rest if sep else path) if not sep or scheme == "file" else None
 
 
-def log_version(table_path: str | Path) -> int | None:
-    """The newest commit version of a local Delta table, from its log folder's file names
-    (no Spark job: a poll that finds a table unchanged costs one directory listing). None
-    for a URI or a folder with no commit: the caller then reads the table itself."""
+def commit_versions(table_path: str | Path) -> list[int] | None:
+    """The commit versions in a local Delta table's log folder (``NNNN.json`` files, in
+    listing order), from file names alone (no Spark job); none for a folder without a log.
+    None for a URI."""
     folder = local_path(table_path)
-    try:
-        names = os.listdir(folder / "_delta_log") if folder is not None else []
-    except OSError:
+    if folder is None:
         return None
-    return max((int(n[:20]) for n in names
-                if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()), default=None)
+    try:
+        names = os.listdir(folder / "_delta_log")
+    except OSError:
+        return []
+    return [int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()]
+
+
+def log_version(table_path: str | Path) -> int | None:
+    """The newest commit version of a local Delta table (:func:`commit_versions`: a poll
+    that finds a table unchanged costs one directory listing). None for a URI or a folder
+    with no commit: the caller then reads the table itself."""
+    return max(commit_versions(table_path) or [], default=None)
