@@ -133,6 +133,10 @@ def wait_for(what: str, check, timeout: float, every: float = 5.0):
         time.sleep(every)
 
 
+def _stop_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=60.0)
@@ -151,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm_up_minutes < 0 or args.warm_up_minutes >= args.minutes:
         p.error("--warm-up-minutes must be >= 0 and below --minutes")
 
+    # SIGTERM, and SIGINT even when started in the background (where a shell ignores it),
+    # end the soak through ``finally``: the service is stopped, not left running.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _stop_on_signal)
     scratch = None if args.data and args.airflow_home else Path(tempfile.mkdtemp(prefix="soak-"))
     settings = Settings(data=(args.data or scratch / "data").resolve(),
                         airflow_home=(args.airflow_home or scratch / "airflow").resolve(),

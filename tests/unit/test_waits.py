@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 
 import pytest
 
 from rebalance.control import waits
 from rebalance.control.errors import RestartFailed, RunSkipped, VerificationFailed
+
+
+@pytest.fixture(autouse=True)
+def _no_tables(monkeypatch, tmp_path):
+    """The waits list tables' logs under the data folder: an empty one unless a test
+    makes tables (never a developer's own ``data/``)."""
+    monkeypatch.setenv("REBALANCE_DATA_DIR", str(tmp_path))
 
 
 def _events(trigger) -> list:
@@ -117,3 +125,59 @@ def test_the_waits_poll_and_retry_delay_come_from_the_environment_or_the_default
     assert (env["REBALANCE_WAIT_POLL_SECONDS"], env["REBALANCE_RETRY_DELAY_SECONDS"]) == (
         "1.25", "5")
     assert airflow_env(Settings())["REBALANCE_WAIT_POLL_SECONDS"] == "5"
+
+
+def _table_logs(root, *names) -> dict:
+    logs = {}
+    for name in names:
+        logs[name] = root / "tables" / name / "_delta_log"
+        logs[name].mkdir(parents=True)
+        (logs[name] / f"{0:020d}.json").write_text("{}")
+    return logs
+
+
+def test_a_waiting_check_runs_again_only_once_a_watched_table_has_a_new_commit(
+        monkeypatch, tmp_path):
+    """Between checks the trigger lists the watched tables' logs; while no commit lands
+    (and the deadline is far) it does not run the check."""
+    logs = _table_logs(tmp_path, "key_histograms", "plans")
+    checks, polls = [], []
+    listed = waits.log_versions
+
+    def log_versions(check):
+        polls.append(check)
+        if len(polls) == 6:            # the job commits a window between two pokes
+            (logs["key_histograms"] / f"{1:020d}.json").write_text("{}")
+        return listed(check)
+
+    def check(payload):
+        checks.append(len(polls))
+        if len(checks) == 1:
+            return {"is_done": False, "xcom_value": None, "recheck_at": time.time() + 3600}
+        return {"is_done": True, "xcom_value": 7}
+    monkeypatch.setattr(waits, "log_versions", log_versions)
+    monkeypatch.setitem(waits.CHECKS, "verify", check)
+    (event,) = _events(waits.RolloutWaitTrigger("verify", {}, 0.01))
+    assert event.payload == {"status": "done", "xcom_value": 7}
+    assert checks == [1, 6], (checks, polls)   # pokes 2-5 listed the logs only
+    assert waits.log_versions("verify") == {"key_histograms": 1, "plans": 0}
+
+
+def test_a_waiting_check_runs_again_at_its_deadline_and_every_poke_when_unlisted(
+        monkeypatch, tmp_path):
+    _table_logs(tmp_path, "restarts", "plans")
+    checks = []
+
+    def check(payload):
+        checks.append(time.time())
+        if len(checks) == 1:       # times out in 0.2 s: checked again then, with no commit
+            return {"is_done": False, "xcom_value": None, "recheck_at": time.time() + 0.2}
+        return {"is_done": True, "xcom_value": None}
+    monkeypatch.setitem(waits.CHECKS, "await_restart", check)
+    _events(waits.RolloutWaitTrigger("await_restart", {}, 0.01))
+    assert len(checks) == 2 and checks[1] - checks[0] >= 0.2
+    # a table not created yet cannot be listed: no skipping, the check runs every poke
+    assert waits.log_versions("windows")["key_histograms"] is None
+    assert not waits.unchanged({"key_histograms": None}, {"key_histograms": None})
+    assert not waits.unchanged({}, {})
+    assert waits.unchanged({"plans": 3}, {"plans": 3})

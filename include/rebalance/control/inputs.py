@@ -97,7 +97,8 @@ def windows_check(args: Mapping[str, Any]) -> dict[str, Any]:
     :class:`RunSkipped` when there are too few valid windows or events by then."""
     p = RunParams.parse(args["params"])
     run = RunInfo(**args["run"])
-    waiting = {"is_done": False, "xcom_value": None}
+    # while waiting, nothing changes the answer before a commit or the deadline (waits.py)
+    waiting = {"is_done": False, "xcom_value": None, "recheck_at": float(args["deadline"])}
     may_wait = not run.is_backfill and time.time() < float(args["deadline"])
     spark = spark_session()
     stored = plan_store(spark).find_for_run(run.dag_id, run.run_id)

@@ -299,7 +299,8 @@ def await_restart(applied: Mapping[str, Any]) -> dict[str, Any]:
     elif not status["done"]:
         log.info("waiting for the job to restart with assignment version %d (%s)",
                  record.assignment_version, status["state"])
-        return {"is_done": False, "xcom_value": None}
+        return {"is_done": False, "xcom_value": None,
+                "recheck_at": _deadline(record, p.restart_timeout_minutes)}
     restored = roll_back_assignment(spark, record)
     reason = (f"controlled restart failed ({status.get('error') or status['state']}); "
               f"assignment version {record.base_assignment_version} restored as version "
@@ -357,7 +358,8 @@ def verify(applied: Mapping[str, Any]) -> dict[str, Any]:
                 f"{record.assignment_version} after {waited}; is the streaming job running?")
         log.info("waiting for %d window(s) under assignment version %d (%d so far)",
                  p.verify_windows, record.assignment_version, len(windows))
-        return {"is_done": False, "xcom_value": None}
+        return {"is_done": False, "xcom_value": None,
+                "recheck_at": _deadline(record, p.verify_timeout_minutes)}
     predicted = float(record.predicted_imbalance)
     limit = verify_limit(p.theta, p.verify_tolerance)
     ok = bool(realised <= limit)
@@ -368,6 +370,13 @@ def verify(applied: Mapping[str, Any]) -> dict[str, Any]:
                       "realised": realised, "theta": p.theta, "tolerance": p.verify_tolerance,
                       "limit": limit, "within_bound": ok})
     return _verified(record)
+
+
+def _deadline(record: PlanRecord, minutes: float) -> float | None:
+    """Epoch seconds at which a wait on the applied plan times out (None: not applied)."""
+    if record.applied_at is None:
+        return None
+    return (record.applied_at + dt.timedelta(minutes=minutes)).timestamp()
 
 
 def verify_limit(theta: float, tolerance: float) -> float:

@@ -9,6 +9,13 @@ the wait holds no worker slot, however long the run's deadline
 (``REBALANCE_WINDOWS_WAIT_SECONDS``, ``restart_timeout_minutes``,
 ``verify_timeout_minutes``, checked by the checks themselves) lets it last.
 
+A check's answer changes only when a table it reads gains a commit, or when its deadline
+passes. So between two checks the trigger lists the Delta logs of those tables
+(:data:`WATCHED`, :func:`rebalance.spark.paths.log_version`: file names, no Spark job) and
+runs the check again only when one of them moved, when the deadline the check returned
+(``recheck_at``) has come, or :data:`FULL_CHECK_SECONDS` after the last check; a table
+whose log cannot be listed (a URI, a table not created yet) is checked every poke.
+
 The check runs in a thread of the triggerer (it reads Delta through Spark, which blocks).
 When it fails (the restart was rolled back, the plan diverged, the deadline passed), the
 trigger hands the error back and the task resumes on a worker to raise it there, so the
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -35,6 +43,14 @@ CHECKS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "await_restart": rollout.await_restart,
     "verify": rollout.verify,
 }
+#: The tables whose new commits may change a waiting check's answer (by table name).
+WATCHED: dict[str, tuple[str, ...]] = {
+    "windows": ("key_histograms", "assignments", "plans"),
+    "await_restart": ("restarts", "plans"),
+    "verify": ("key_histograms", "plans"),
+}
+#: A waiting check runs again at least this often, whatever its tables did.
+FULL_CHECK_SECONDS = 60.0
 #: How a failed check's exception crosses from the triggerer back to the task.
 ERRORS = {cls.__name__: cls for cls in (RestartFailed, VerificationFailed, RunSkipped,
                                        InvalidParams)}
@@ -48,7 +64,21 @@ def _outcome(check: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         return {"status": "error", "error": type(exc).__name__, "message": str(exc)}
     if result["is_done"]:
         return {"status": "done", "xcom_value": result["xcom_value"]}
-    return {"status": "waiting"}
+    return {"status": "waiting", "recheck_at": result.get("recheck_at")}
+
+
+def log_versions(check: str) -> dict[str, int | None]:
+    """The newest commit of each table :data:`WATCHED` by ``check`` (None: not listable)."""
+    from rebalance.spark import tables
+    from rebalance.spark.paths import log_version
+
+    root = tables.tables_root()
+    return {name: log_version(root / name) for name in WATCHED.get(check, ())}
+
+
+def unchanged(before: dict[str, int | None], now: dict[str, int | None]) -> bool:
+    """Whether no watched table gained a commit (and each could be listed both times)."""
+    return bool(before) and before == now and None not in now.values()
 
 
 class RolloutWaitTrigger(BaseTrigger):
@@ -66,11 +96,21 @@ class RolloutWaitTrigger(BaseTrigger):
                  "poke_seconds": self.poke_seconds})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        seen: dict[str, int | None] = {}
+        recheck_at, checked = None, 0.0
         while True:
-            event = await asyncio.to_thread(_outcome, self.check, self.payload)
-            if event["status"] != "waiting":
-                yield TriggerEvent(event)
-                return
+            now = await asyncio.to_thread(log_versions, self.check)
+            due = (not unchanged(seen, now)
+                   or (recheck_at is not None and time.time() >= float(recheck_at))
+                   or time.monotonic() - checked >= FULL_CHECK_SECONDS)
+            if due:
+                # the logs as listed before the check: a commit during it is seen next time
+                seen, checked = now, time.monotonic()
+                event = await asyncio.to_thread(_outcome, self.check, self.payload)
+                if event["status"] != "waiting":
+                    yield TriggerEvent(event)
+                    return
+                recheck_at = event.get("recheck_at")
             await asyncio.sleep(self.poke_seconds)
 
 
