@@ -72,11 +72,13 @@ def test_down_stops_the_whole_tree_even_children_that_ignore_sigterm(settings):
     try:
         svc.up()
         rec = svc.records()["stubborn"]
+        # the shell, its plain ``sleep`` and the setsid one (bash runs its last command
+        # in place: the setsid shell becomes its ``sleep``)
         deadline = time.monotonic() + 5
-        while len(_children(rec.pid)) < 3 and time.monotonic() < deadline:
+        while len(_children(rec.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         tree = [rec.pid, *_children(rec.pid)]
-        assert len(tree) >= 3
+        assert len(tree) >= 3, tree
         assert svc.down() == ["stubborn"]
         assert [p for p in tree if _running(p)] == []
     finally:
