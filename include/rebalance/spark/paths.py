@@ -48,6 +48,20 @@ def commit_versions(table_path: str | Path) -> list[int] | None:
     return [int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()]
 
 
+def log_ident(table_path: str | Path) -> tuple[int, int] | None:
+    """(newest commit version, its file's modification time in ns) of a local Delta table:
+    changes with every commit, and tells a table created again from the one it replaced.
+    None for a URI or a folder with no commit."""
+    version = log_version(table_path)
+    if version is None:
+        return None
+    try:
+        stat = (local_path(table_path) / "_delta_log" / f"{version:020d}.json").stat()
+    except OSError:
+        return None
+    return version, stat.st_mtime_ns
+
+
 def log_version(table_path: str | Path) -> int | None:
     """The newest commit version of a local Delta table (:func:`commit_versions`: a poll
     that finds a table unchanged costs one directory listing). None for a URI or a folder

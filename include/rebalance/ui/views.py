@@ -6,18 +6,58 @@ function takes a Spark session (in the service: the Spark Connect client of the
 control plane) and reads the Delta tables through :mod:`rebalance.spark.tables` and
 :class:`~rebalance.spark.plan_store.PlanStore`; nothing here writes.
 
+Each result is a function of the tables it reads, so it is kept (the newest
+:data:`CACHE_SIZE`) under the log version of each of those tables: while none of them
+gains a commit, a page or a JSON call is answered from memory without a Spark job. Tables
+that cannot be listed (a URI, a table not created yet) are read every time.
+
 >>> plans(spark)[0]["status"]                     # doctest: +SKIP
 'verified'
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
+import functools
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from rebalance.core.records import PlanRecord, as_utc, frame_loads, frame_splits
 from rebalance.spark import tables
+from rebalance.spark.paths import log_ident
 from rebalance.spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
+
+#: Results kept, the least recently used dropped first.
+CACHE_SIZE = 64
+_CACHE: OrderedDict = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def by_tables(*names: str):
+    """Keep a view function's results under the log versions of the tables ``names``
+    (:func:`~rebalance.spark.paths.log_ident`) and its arguments; a caller gets a copy."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(spark, *args, **kwargs):
+            root = tables.tables_root()
+            idents = tuple(log_ident(root / name) for name in names)
+            if None in idents:
+                return fn(spark, *args, **kwargs)
+            key = (fn.__name__, args, tuple(sorted(kwargs.items())), str(root), idents)
+            with _LOCK:
+                if key in _CACHE:
+                    _CACHE.move_to_end(key)
+                    return copy.deepcopy(_CACHE[key])
+            result = fn(spark, *args, **kwargs)   # read at these versions or newer ones
+            with _LOCK:
+                _CACHE[key] = copy.deepcopy(result)
+                while len(_CACHE) > CACHE_SIZE:
+                    _CACHE.popitem(last=False)
+            return result
+        return call
+    return wrap
 
 #: Columns of the plan history, in display order.
 PLAN_COLUMNS = (
@@ -67,6 +107,7 @@ def plan_row(record: PlanRecord) -> dict[str, Any]:
     }
 
 
+@by_tables("plans")
 def plans(spark, limit: int = 200) -> list[dict[str, Any]]:
     """The plan history, newest first."""
     records = sorted(PlanStore(spark).plans(),
@@ -75,6 +116,7 @@ def plans(spark, limit: int = 200) -> list[dict[str, Any]]:
     return [plan_row(r) for r in records[:limit]]
 
 
+@by_tables("plans", "plan_assignments", "assignments")
 def plan(spark, plan_id: str) -> dict[str, Any]:
     """One plan: its history line, instance loads before and after, the moved keys with
     their state, the validation result (every expectation), the verification, and the
@@ -132,6 +174,7 @@ def commits(spark, plan_id: str, since: dt.datetime | None = None) -> list[dict[
     return sorted(out, key=lambda c: (c["timestamp"] or "", c["table"], c["version"]))
 
 
+@by_tables("assignments")
 def assignments(spark, limit: int = 200) -> list[dict[str, Any]]:
     """The newest ``limit`` published assignment versions, newest first; the live one
     (the newest) is marked. (``rebalance history --limit 0`` lists them all.)"""
@@ -148,6 +191,7 @@ def assignments(spark, limit: int = 200) -> list[dict[str, Any]]:
             for c in history]
 
 
+@by_tables("instance_histograms")
 def instance_loads(spark, windows: int = 30) -> dict[str, Any]:
     """Instance loads over the latest ``windows`` windows (for the chart), with the
     imbalance (max / mean) of each window and the assignment version it ran under."""
@@ -177,6 +221,7 @@ def instance_loads(spark, windows: int = 30) -> dict[str, Any]:
     }
 
 
+@by_tables("assignments", "instance_histograms", "key_histograms", "plans")
 def realised_imbalance(spark, windows: int = 60) -> dict[str, Any]:
     """Realised imbalance of the latest ``windows`` windows against the bound ``1 + theta``.
 
