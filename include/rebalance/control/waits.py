@@ -11,7 +11,7 @@ the wait holds no worker slot, however long the run's deadline
 
 A check's answer changes only when a table it reads gains a commit, or when its deadline
 passes. So between two checks the trigger lists the Delta logs of those tables
-(:data:`WATCHED`, :func:`rebalance.spark.paths.log_version`: file names, no Spark job) and
+(:data:`WATCHED`, :func:`rebalance.spark.paths.log_ident`: file names, no Spark job) and
 runs the check again only when one of them moved, when the deadline the check returned
 (``recheck_at``) has come, or :data:`FULL_CHECK_SECONDS` after the last check; a table
 whose log cannot be listed (a URI, a table not created yet) is checked every poke.
@@ -67,16 +67,17 @@ def _outcome(check: str, payload: Mapping[str, Any]) -> dict[str, Any]:
     return {"status": "waiting", "recheck_at": result.get("recheck_at")}
 
 
-def log_versions(check: str) -> dict[str, int | None]:
-    """The newest commit of each table :data:`WATCHED` by ``check`` (None: not listable)."""
+def log_versions(check: str) -> dict[str, tuple[int, int] | None]:
+    """The newest commit of each table :data:`WATCHED` by ``check``
+    (:func:`~rebalance.spark.paths.log_ident`; None: not listable)."""
     from rebalance.spark import tables
-    from rebalance.spark.paths import log_version
+    from rebalance.spark.paths import log_ident
 
     root = tables.tables_root()
-    return {name: log_version(root / name) for name in WATCHED.get(check, ())}
+    return {name: log_ident(root / name) for name in WATCHED.get(check, ())}
 
 
-def unchanged(before: dict[str, int | None], now: dict[str, int | None]) -> bool:
+def unchanged(before: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether no watched table gained a commit (and each could be listed both times)."""
     return bool(before) and before == now and None not in now.values()
 
@@ -96,7 +97,7 @@ class RolloutWaitTrigger(BaseTrigger):
                  "poke_seconds": self.poke_seconds})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        seen: dict[str, int | None] = {}
+        seen: dict[str, Any] = {}
         recheck_at, checked = None, 0.0
         while True:
             now = await asyncio.to_thread(log_versions, self.check)
