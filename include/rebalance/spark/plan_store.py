@@ -290,21 +290,25 @@ class PlanStore:
 
         One conditional UPDATE of the lease row: Delta's optimistic concurrency makes
         two racing acquirers conflict, and the loser then reads the winner as holder.
-        Re-acquiring one's own lease succeeds (retries).
+        Re-acquiring one's own lease succeeds (retries). The UPDATE's count of rows
+        updated says whether the lease was free; only after a conflict is it read back.
         """
         now = utcnow()
         free = (f"name = '{_sql_str(name)}' AND (holder IS NULL OR holder = '{_sql_str(holder)}' "
                 f"OR expires_at < to_timestamp('{now.strftime('%Y-%m-%d %H:%M:%S')}'))")
         self.ensure(CONTROL)
+        updated = None
         try:
             with delta_txn(self.spark, None, None,
                            commit_metadata(action="acquire", lease=name, holder=holder)):
-                tables.update(self.spark, CONTROL, free, {
+                updated = tables.update(self.spark, CONTROL, free, {
                     "holder": holder, "acquired_at": now,
                     "expires_at": now + dt.timedelta(seconds=ttl_seconds)}, self.root)
         except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
             if not is_conflict(exc):
                 raise
+        if updated is not None:
+            return updated > 0     # the one lease row was free (or ours) and is ours now
         return self.lease_holder(name) == holder
 
     def release(self, name: str, holder: str) -> None:

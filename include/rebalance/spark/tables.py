@@ -332,16 +332,21 @@ def sql_literal(value: Any, sql_type: str | None = None) -> str:
 
 
 def update(spark: SparkSession, table: Table, condition: str, values: Mapping[str, Any],
-           root: str | Path | None = None) -> None:
+           root: str | Path | None = None) -> int | None:
     """``UPDATE`` the rows matching ``condition`` (SQL) with ``values`` (column -> Python
-    value, typed by the table's schema); one Delta commit, annotated by the caller's
-    session settings (``plan_store.delta_txn``)."""
+    value, typed by the table's schema); one Delta commit (none when no row matches),
+    annotated by the caller's session settings (``plan_store.delta_txn``). Returns the
+    number of rows updated, as Delta reports it (None if it does not)."""
     types = {f.name: f.dataType.simpleString().upper() for f in table.schema.fields}
     unknown = sorted(set(values) - set(types))
     if unknown:
         raise TableError(f"table {table.name!r} has no column(s) {unknown}")
     assignments = ", ".join(f"`{c}` = {sql_literal(v, types[c])}" for c, v in values.items())
-    spark.sql(f"UPDATE {sql_name(table, root)} SET {assignments} WHERE {condition}")
+    # the command runs here; its one result row is read back, the UPDATE is not run again
+    result = spark.sql(f"UPDATE {sql_name(table, root)} SET {assignments} WHERE {condition}")
+    rows = result.collect()
+    count = rows[0].asDict().get("num_affected_rows") if rows else None
+    return None if count is None else int(count)
 
 
 def conform(df: DataFrame, table: Table) -> DataFrame:

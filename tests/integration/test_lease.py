@@ -1,0 +1,70 @@
+"""The apply lease (``PlanStore.acquire`` / ``release`` / ``lease``) on a real Delta table
+(local Spark): one conditional UPDATE of the lease row decides who holds it, by the count
+of rows it updated; the holder is read back only after a concurrent-commit conflict. The
+race itself (two runs at once) runs in test_faults.py; here each outcome is provoked."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _commits(store) -> int:
+    from rebalance.spark.paths import commit_versions
+    from rebalance.spark.plan_store import CONTROL
+
+    return len(commit_versions(store.path(CONTROL)))
+
+
+def test_the_lease_is_taken_when_free_refused_when_held_and_given_back_by_its_holder(
+        spark, tmp_path):
+    from rebalance.spark.plan_store import APPLY_LEASE, CONTROL, PlanStore, PlanStoreError
+
+    store = PlanStore(spark, root=str(tmp_path / "control"))
+    store.ensure(CONTROL)
+    base = _commits(store)
+    assert store.acquire(APPLY_LEASE, "plan-a", 900)
+    assert store.lease_holder(APPLY_LEASE) == "plan-a" and _commits(store) == base + 1
+    # held by another: refused, and the UPDATE that matched no row wrote no commit
+    assert not store.acquire(APPLY_LEASE, "plan-b", 900)
+    assert _commits(store) == base + 1
+    with pytest.raises(PlanStoreError, match="lease 'apply' is held by 'plan-a'"):
+        with store.lease(APPLY_LEASE, "plan-b"):
+            pytest.fail("entered a lease another run holds")
+    assert store.acquire(APPLY_LEASE, "plan-a", 900)         # a retry of the holder
+    store.release(APPLY_LEASE, "plan-b")                       # not the holder: nothing
+    assert store.lease_holder(APPLY_LEASE) == "plan-a"
+    with store.lease(APPLY_LEASE, "plan-a"):
+        assert store.lease_holder(APPLY_LEASE) == "plan-a"
+    assert store.lease_holder(APPLY_LEASE) is None             # released on the way out
+    # an expired lease is free for the next run
+    assert store.acquire(APPLY_LEASE, "plan-c", -1)
+    assert store.lease_holder(APPLY_LEASE) is None              # live no longer
+    assert store.acquire(APPLY_LEASE, "plan-d", 900)
+    assert store.lease_holder(APPLY_LEASE) == "plan-d"
+
+
+def test_an_acquirer_that_loses_the_commit_race_reads_the_winner_and_does_not_hold_it(
+        spark, tmp_path, monkeypatch):
+    """Another run's UPDATE lands first and this one's commit conflicts (as Delta's
+    optimistic concurrency makes the second of two racing UPDATEs fail): the lease is
+    read back, and it is the winner's."""
+    from rebalance.spark import tables
+    from rebalance.spark.plan_store import APPLY_LEASE, CONTROL, PlanStore
+
+    store = PlanStore(spark, root=str(tmp_path / "control"))
+    store.ensure(CONTROL)
+    real = tables.update
+
+    def winner_first(spark_, table, condition, values, root=None):
+        if values.get("holder") == "loser":
+            real(spark_, table, condition, {**values, "holder": "winner"}, root)
+            raise RuntimeError("[DELTA_CONCURRENT_APPEND] ConcurrentAppendException: "
+                               "files were added by a concurrent update")
+        return real(spark_, table, condition, values, root)
+    monkeypatch.setattr(tables, "update", winner_first)
+    assert not store.acquire(APPLY_LEASE, "loser", 900)
+    assert store.lease_holder(APPLY_LEASE) == "winner"
+    monkeypatch.setattr(tables, "update", real)
+    assert not store.acquire(APPLY_LEASE, "loser", 900)      # and it stays the winner's
