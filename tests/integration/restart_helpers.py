@@ -7,6 +7,8 @@ oracle computed from the generator.
 * :func:`publish_moving_plan`: publish, as the DAG does for ``apply_mode`` restart (or
   broadcast), an assignment moving a share of the keys off their current instance.
 * :class:`Feeder`: a thread sending one generator batch every ``period`` seconds.
+* :func:`faulty_job`: the service's restartable job with crashes or failures injected at
+  its restart steps (the job itself has only the hook).
 * :func:`crash_and_recover`: execute the pending restart with a crash at one step, kill the
   driver's queries, and let a new driver complete it from the ``restarts`` table.
 * :func:`wait_commits`: wait until the running generation committed more batches.
@@ -81,17 +83,41 @@ class Feeder(threading.Thread):
             self.error = exc
 
 
+class SimulatedCrash(BaseException):
+    """The driver dies at a restart step: no ``except Exception`` of the job catches it,
+    so nothing rolls back, as when the process is killed there."""
+
+
+def faulty_job(spark, config, **options):
+    """The service's :class:`~rebalance.streaming.restart.RestartableJob` with faults to
+    inject at its restart steps (``prepare``, ``stop``, ``state``, ``start``): a step in
+    ``job.crash`` kills the driver there once (:class:`SimulatedCrash`), a step in
+    ``job.fail`` makes that restart fail once (``RestartError``: rolled back)."""
+    from rebalance.streaming.restart import RestartableJob, RestartError
+
+    class FaultyJob(RestartableJob):
+        def reached(self, step: str) -> None:
+            if step in self.crash:
+                self.crash.discard(step)
+                raise SimulatedCrash(f"injected crash at step {step!r}")
+            if step in self.fail:
+                self.fail.discard(step)
+                raise RestartError(f"injected failure at step {step!r}")
+
+    job = FaultyJob(spark, config, **options)
+    job.crash, job.fail = set(), set()
+    return job
+
+
 def crash_and_recover(job, step: str, spark, config):
     """Execute the pending restart with a crash injected at ``step``; kill the driver's
     queries (mid-batch if need be, as a dying process does); start a new driver, which
     finds the unfinished restart in the ``restarts`` table and completes it."""
-    from rebalance.streaming.restart import RestartableJob, SimulatedCrash
-
-    job.faults.add(step)
+    job.crash.add(step)
     with pytest.raises(SimulatedCrash, match=step):
         job.poll()
     job.hard_stop()
-    recovered = RestartableJob(spark, config)
+    recovered = faulty_job(spark, config)
     recovered.start()
     return recovered
 

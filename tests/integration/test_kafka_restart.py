@@ -27,7 +27,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from restart_helpers import Feeder, crash_and_recover, drain, publish_moving_plan, wait_commits
+from restart_helpers import (
+    Feeder,
+    SimulatedCrash,
+    crash_and_recover,
+    drain,
+    faulty_job,
+    publish_moving_plan,
+    wait_commits,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +95,7 @@ def scenario(spark, kafka_broker, tmp_path_factory) -> dict:
     """The restarts of the module docstring, run once; what the tests check."""
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, produce_batches
-    from rebalance.streaming.restart import RestartableJob, request_restart
+    from rebalance.streaming.restart import request_restart
 
     broker, tmp_path = kafka_broker, tmp_path_factory.mktemp("krestart")
     config = _config(tmp_path, broker, "krestart", TOPIC)
@@ -95,7 +103,7 @@ def scenario(spark, kafka_broker, tmp_path_factory) -> dict:
     gen = EventGenerator(GeneratorConfig(**GEN))
     keys = list(gen.keys)
     produce_batches(spark, gen, range(2), broker.bootstrap, TOPIC)
-    job = RestartableJob(spark, config)
+    job = faulty_job(spark, config)
     job.start()
     feeder = Feeder(lambda b: produce_batches(spark, gen, [b], broker.bootstrap, TOPIC),
                     first=2, period=1.5, limit=10_000)  # no limit: a wait needs new events
@@ -232,7 +240,7 @@ def test_a_partition_added_while_the_job_is_stopped_is_read_from_its_start(
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, produce_batches
     from rebalance.streaming.job import kafka_partitions
-    from rebalance.streaming.restart import RestartableJob, SimulatedCrash, request_restart
+    from rebalance.streaming.restart import RestartableJob, request_restart
 
     broker, topic = kafka_broker, "grow-events"
     config = _config(tmp_path, broker, "kgrow", topic)
@@ -241,13 +249,13 @@ def test_a_partition_added_while_the_job_is_stopped_is_read_from_its_start(
     keys = list(gen.keys)
     produce_batches(spark, gen, range(2), broker.bootstrap, topic)
     assert kafka_partitions(spark, broker.bootstrap, topic) == [0, 1]
-    job = RestartableJob(spark, config)
+    job = faulty_job(spark, config)
     job.start()
     try:
         job.process_all_available()
         plan = publish_moving_plan(spark, root, keys, 3, ({}, 2), 0.25, "kafka-partitions")
         request = request_restart(spark, plan["version"], 3, job=config.name, root=root)
-        job.faults.add("stop")
+        job.crash.add("stop")
         with pytest.raises(SimulatedCrash, match="stop"):
             job.poll()
     finally:

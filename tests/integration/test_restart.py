@@ -43,6 +43,7 @@ from restart_helpers import (
     Feeder,
     crash_and_recover,
     drain,
+    faulty_job,
     instances,
     publish_moving_plan,
     wait_commits,
@@ -146,7 +147,7 @@ def scenario(spark, tmp_path_factory) -> Scenario:
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
     from rebalance.streaming.job import JobConfig
-    from rebalance.streaming.restart import RestartableJob, request_restart
+    from rebalance.streaming.restart import request_restart
 
     key = "spark.databricks.delta.snapshotPartitions"
     previous_conf = spark.conf.get(key, None)
@@ -159,7 +160,7 @@ def scenario(spark, tmp_path_factory) -> Scenario:
     gen = EventGenerator(GeneratorConfig(**GEN))
     keys = list(gen.keys)
     append_batches(spark, gen, range(2), root)
-    job = RestartableJob(spark, config)
+    job = faulty_job(spark, config)
     job.start()
     # A batch every 1.5 s, no limit: a wait for commits needs new events, and on a loaded
     # machine the scenario takes longer than any fixed number of batches would last.

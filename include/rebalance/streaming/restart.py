@@ -99,7 +99,6 @@ from rebalance.streaming.restart_control import (
     Generation,
     RestartControl,
     RestartError,
-    SimulatedCrash,
     Step,
     request_restart,
 )
@@ -108,7 +107,7 @@ from rebalance.streaming.restart_sink import GatedWriter, VersionGuard, follow_r
 from rebalance.streaming.restart_state import append_export, migrate_state, read_state, write_state
 
 __all__ = [  # the driver; the steps' pieces live in the restart_* modules
-    "RestartControl", "RestartError", "RestartableJob", "SimulatedCrash", "request_restart",
+    "RestartControl", "RestartError", "RestartableJob", "request_restart",
     "checkpoint_position",
 ]
 
@@ -121,17 +120,16 @@ log = logging.getLogger(__name__)
 class RestartableJob:
     """The keyed query run as generations, restarted with state migration on request.
 
-    ``faults`` names steps (``prepare``: same N, before ``started``; ``stop``: after the
-    old generation stopped; ``state``: another N, after the state was written;
-    ``start``: after the new query started) where a :class:`SimulatedCrash` is raised,
-    to test recovery; ``fail`` names steps where a :class:`RestartError` is raised (a
-    failed restart: rolled back before ``started``).
+    A restart passes its steps (``prepare``: same N, before ``started``; ``stop``: after
+    the old generation stopped; ``state``: another N, after the state was written;
+    ``start``: after the new query started) through :meth:`reached`: a
+    :class:`RestartError` raised there is a failed restart, rolled back; an exception
+    that is not an ``Exception`` (a dying driver) propagates with no rollback, and the
+    next driver completes the restart from the ``restarts`` table.
     """
 
     spark: SparkSession
     config: JobConfig
-    faults: set[str] = field(default_factory=set)
-    fail: set[str] = field(default_factory=set)
     ack_timeout_seconds: float = 300.0
     pin_assignment: bool = False
     hold_seconds: float = 60.0
@@ -261,9 +259,7 @@ class RestartableJob:
                 new = self._start_new_checkpoint(request_id, old, requested, steps, timing)
             if self.control.status(request_id)["cancelled"]:
                 raise RestartError("cancelled before the new generation started")
-        except SimulatedCrash:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # a driver's death is no Exception: no rollback then
             return self._roll_back(request_id, old, exc)
         self.timings.append(timing)
         return self._finish(request_id, new, timing)
@@ -282,7 +278,7 @@ class RestartableJob:
         version = int(requested.assignment_version)
         self._warm_up(old, version)
         timing["warmed"] = time.perf_counter()
-        self._maybe_fault("prepare")
+        self.reached("prepare")
         last = checkpoint_position(old.checkpoint).last_batch
         new = dataclasses.replace(old, number=old.number + 1, assignment_version=version,
                                   start_batch=-1, in_place=True)
@@ -314,10 +310,10 @@ class RestartableJob:
         finally:
             if recording is not None:
                 recording.join()
-        self._maybe_fault("stop")
+        self.reached("stop")
         timing["state_written"] = time.perf_counter()
         if written:
-            self._maybe_fault("state")
+            self.reached("state")
             # One commit: the state is written, the new generation starts.
             self.control.record_steps(request_id, [("state_written", new, {}),
                                                    ("started", new, {})])
@@ -432,12 +428,12 @@ class RestartableJob:
         if new.in_place:
             new = self._export(request_id, new)
             timing["stopped"] = time.perf_counter()
-            self._maybe_fault("stop")
+            self.reached("stop")
         self._ensure_stopped()
         self._run(new)
         self._hint = None
         timing["running"] = time.perf_counter()
-        self._maybe_fault("start")
+        self.reached("start")
         first = self._await_first_commit(new)
         timing["acknowledged"] = time.perf_counter()
         since = {k: round(timing[k] - timing["requested"], 3) for k in timing} \
@@ -467,13 +463,9 @@ class RestartableJob:
         self.control.record(request_id, "rolled_back", old)
         return self.control.status(request_id)
 
-    def _maybe_fault(self, step: str) -> None:
-        if step in self.faults:
-            self.faults.discard(step)
-            raise SimulatedCrash(f"injected crash at step {step!r}")
-        if step in self.fail:
-            self.fail.discard(step)
-            raise RestartError(f"injected failure at step {step!r}")
+    def reached(self, step: str) -> None:
+        """Called as a restart reaches ``step`` (see the class): nothing happens here; the
+        tests' subclass makes a restart fail or its driver die at a step."""
 
     # ---------------------------------------------------------------- queries
     def _run(self, gen: Generation) -> StreamingQuery:

@@ -38,10 +38,6 @@ class RestartError(RuntimeError):
     """A restart cannot proceed (with the reason)."""
 
 
-class SimulatedCrash(RuntimeError):
-    """Raised at an injected step (tests, benchmark): the driver 'dies' there."""
-
-
 @dataclass(frozen=True)
 class Generation:
     """One run of the keyed query: the assignment version it starts with, N and checkpoint.
