@@ -395,34 +395,16 @@ def apply_plan(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------- status
-def latest_window_imbalance(spark, n_instances: int, n_windows: int) -> list[tuple[str, float, int]]:
-    """(window start, imbalance over the N instances, assignment version) of the latest windows."""
-    import numpy as np
-    from pyspark.sql import functions as F
-
-    from rebalance.core.model import imbalance
+def latest_window_imbalance(spark, n_instances: int, n_windows: int
+                            ) -> list[tuple[str, float | None, int]]:
+    """(window start, imbalance over the N instances, assignment version) of the latest
+    windows, oldest first (:func:`rebalance.spark.loads.window_loads`)."""
     from rebalance.core.records import as_utc
-    from rebalance.spark import tables
+    from rebalance.spark.loads import window_loads
 
-    if not tables.exists(spark, tables.KEY_HISTOGRAMS):
-        return []
-    df = tables.read(spark, tables.KEY_HISTOGRAMS)
-    starts = [r.window_start for r in df.select("window_start").distinct()
-              .orderBy(F.col("window_start").desc()).limit(n_windows).collect()]
-    rows = (df.where(F.col("window_start").isin(starts))
-            .groupBy("window_start", "instance")
-            .agg(F.sum("cost").alias("load"), F.max("assignment_version").alias("v")).collect())
-    out = []
-    for start in sorted(starts):
-        loads = np.zeros(n_instances)
-        version = 0
-        for r in rows:
-            if r.window_start == start and 0 <= int(r.instance) < n_instances:
-                loads[int(r.instance)] += float(r.load or 0.0)
-                version = max(version, int(r.v or 0))
-        out.append((as_utc(start).isoformat(), float(imbalance(loads, np.ones(n_instances, bool))),
-                    version))
-    return out
+    w = window_loads(spark, n_instances, latest=n_windows)
+    return [(as_utc(start).isoformat(), value, version)
+            for start, value, version in zip(w.windows, w.imbalance(), w.versions)]
 
 
 def status(args: argparse.Namespace) -> int:
@@ -447,7 +429,8 @@ def status(args: argparse.Namespace) -> int:
     if not windows:
         print("windows: none stored yet")
     for start, value, version in windows:
-        print(f"window {start}: imbalance {value:.3f} (assignment v{version})")
+        shown = "- (no load)" if value is None else f"{value:.3f}"
+        print(f"window {start}: imbalance {shown} (assignment v{version})")
     plans = plan_store(spark).plans()
     if not plans:
         print("last plan: none")

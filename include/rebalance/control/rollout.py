@@ -17,13 +17,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from rebalance.control.errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
 from rebalance.control.inputs import env_seconds, plan_store, spark_session
 from rebalance.control.params import AUTO_RESTART_ABOVE, unpack
 from rebalance.control.tasks import new_routing, publish, validate
-from rebalance.core.model import imbalance
 from rebalance.core.records import (
     APPLY_LEASE,
     LIVE_STATUSES,
@@ -418,6 +415,7 @@ def realised_imbalance(spark, version: int, n_instances: int,
     from pyspark.sql import functions as F
 
     from rebalance.spark import tables
+    from rebalance.spark.loads import window_loads
 
     df = tables.read(spark, tables.KEY_HISTOGRAMS)
     # Only windows with a row under ``version`` can qualify: found first, with the files
@@ -435,11 +433,5 @@ def realised_imbalance(spark, version: int, n_instances: int,
     windows = [as_utc(r.window_start) for r in per_window]
     if len(windows) < n_windows:
         return None, [w.isoformat() for w in windows]
-    loads = (df.where(F.col("window_start").isin(windows))
-             .groupBy("instance").agg(F.sum("cost").alias("load")).collect())
-    vector = np.zeros(max(n_instances, 1 + max((int(r.instance) for r in loads), default=0)))
-    for r in loads:
-        vector[int(r.instance)] += float(r.load)
-    active = np.zeros(len(vector), dtype=bool)
-    active[:n_instances] = True
-    return float(imbalance(vector, active)), [w.isoformat() for w in windows]
+    loads = window_loads(spark, n_instances, starts=windows, source=tables.KEY_HISTOGRAMS)
+    return loads.total_imbalance(), [w.isoformat() for w in windows]

@@ -26,6 +26,7 @@ from typing import Any
 
 from rebalance.core.records import PlanRecord, as_utc, frame_loads, frame_splits
 from rebalance.spark import tables
+from rebalance.spark.loads import window_loads
 from rebalance.spark.paths import log_ident
 from rebalance.spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
 
@@ -191,33 +192,21 @@ def assignments(spark, limit: int = 200) -> list[dict[str, Any]]:
             for c in history]
 
 
-@by_tables("instance_histograms")
+@by_tables("assignments", "instance_histograms")
 def instance_loads(spark, windows: int = 30) -> dict[str, Any]:
-    """Instance loads over the latest ``windows`` windows (for the chart), with the
-    imbalance (max / mean) of each window and the assignment version it ran under."""
-    from pyspark.sql import functions as F
-
-    if not tables.exists(spark, tables.INSTANCE_HISTOGRAMS):
-        return {"windows": [], "instances": [], "loads": [], "imbalance": [], "versions": []}
-    df = tables.read(spark, tables.INSTANCE_HISTOGRAMS)
-    latest = [r[0] for r in df.select("window_start").distinct()
-              .orderBy(F.col("window_start").desc()).limit(windows).collect()]
-    if not latest:
-        return {"windows": [], "instances": [], "loads": [], "imbalance": [], "versions": []}
-    pdf = (df.where(F.col("window_start") >= F.lit(min(latest)))
-           .groupBy("window_start", "instance")
-           .agg(F.sum("load").alias("load"), F.max("assignment_version").alias("version"))
-           .toPandas())
-    table = pdf.pivot_table(index="window_start", columns="instance", values="load",
-                            aggfunc="sum", fill_value=0.0).sort_index()
-    versions = pdf.groupby("window_start")["version"].max().reindex(table.index)
-    mean = table.mean(axis=1).where(lambda s: s > 0)
+    """Instance loads over the latest ``windows`` windows (for the chart: every instance
+    of the job, one that received nothing at 0), with the imbalance of each window over
+    the N instances and the assignment version it ran under
+    (:func:`rebalance.spark.loads.window_loads`, as ``verify`` and ``rebalance status``)."""
+    n = (tables.assignments_n_instances(spark) if tables.exists(spark, tables.ASSIGNMENTS)
+         else None)
+    w = window_loads(spark, n, latest=windows)
     return {
-        "windows": [_iso(w.to_pydatetime()) for w in table.index],
-        "instances": [int(c) for c in table.columns],
-        "loads": [[float(x) for x in row] for row in table.to_numpy()],
-        "imbalance": [None if m != m else float(x) for x, m in zip(table.max(axis=1) / mean, mean)],
-        "versions": [int(v) for v in versions],
+        "windows": [_iso(as_utc(x)) for x in w.windows],
+        "instances": list(range(w.loads.shape[1])) if w.windows else [],
+        "loads": [[float(x) for x in row] for row in w.loads],
+        "imbalance": w.imbalance(),
+        "versions": w.versions,
     }
 
 
@@ -233,8 +222,6 @@ def realised_imbalance(spark, windows: int = 60) -> dict[str, Any]:
     one, and versions restored after a failed restart). ``checks``: every plan's verify
     result (realised imbalance, its first verified window, status).
     """
-    from pyspark.sql import functions as F
-
     from rebalance.control.params import RunParams
 
     default_theta = RunParams().theta
@@ -242,31 +229,14 @@ def realised_imbalance(spark, windows: int = 60) -> dict[str, Any]:
              "default_theta": default_theta, "checks": []}
     if not tables.exists(spark, tables.ASSIGNMENTS):
         return empty
-    if tables.exists(spark, tables.INSTANCE_HISTOGRAMS):
-        df, load = tables.read(spark, tables.INSTANCE_HISTOGRAMS), "load"
-    elif tables.exists(spark, tables.KEY_HISTOGRAMS):
-        df, load = tables.read(spark, tables.KEY_HISTOGRAMS), "cost"
-    else:
+    w = window_loads(spark, tables.assignments_n_instances(spark), latest=windows)
+    if not w.windows:
         return empty
-    latest = [r[0] for r in df.select("window_start").distinct()
-              .orderBy(F.col("window_start").desc()).limit(windows).collect()]
-    if not latest:
-        return empty
-    pdf = (df.where(F.col("window_start") >= F.lit(min(latest)))
-           .groupBy("window_start", "instance")
-           .agg(F.sum(load).alias("load"), F.max("assignment_version").alias("version"))
-           .toPandas())
-    n = tables.assignments_n_instances(spark)
-    table = pdf.pivot_table(index="window_start", columns="instance", values="load",
-                            aggfunc="sum", fill_value=0.0).sort_index()
-    table = table.reindex(columns=sorted(set(range(n)) | set(table.columns)), fill_value=0.0)
-    versions = pdf.groupby("window_start")["version"].max().reindex(table.index)
-    mean = table.iloc[:, :n].sum(axis=1) / max(n, 1)
     records = {r.plan_id: r for r in PlanStore(spark).plans()} if tables.exists(spark, PLANS) \
         else {}
     theta_of = {int(c.version): float(records[c.metadata["plan_id"]].params["theta"])
                 # only the versions the windows shown ran under
-                for c in tables.assignment_history(spark, after=int(versions.min()) - 1)
+                for c in tables.assignment_history(spark, after=min(w.versions) - 1)
                 if c.metadata.get("action") != "rollback"
                 and c.metadata.get("plan_id") in records
                 and "theta" in records[c.metadata["plan_id"]].params}
@@ -275,11 +245,10 @@ def realised_imbalance(spark, windows: int = 60) -> dict[str, Any]:
                "theta": r.params.get("theta"), "limit": r.verification.get("limit")}
               for r in records.values() if r.realised_imbalance is not None]
     return {
-        "windows": [_iso(w.to_pydatetime()) for w in table.index],
-        "imbalance": [None if not m > 0 else float(x / m)
-                      for x, m in zip(table.max(axis=1), mean)],
-        "versions": [int(v) for v in versions],
-        "theta": [theta_of.get(int(v), default_theta) for v in versions],
+        "windows": [_iso(as_utc(x)) for x in w.windows],
+        "imbalance": w.imbalance(),
+        "versions": w.versions,
+        "theta": [theta_of.get(v, default_theta) for v in w.versions],
         "default_theta": default_theta,
         "checks": sorted(checks, key=lambda c: c["window"] or ""),
     }
