@@ -37,9 +37,7 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
-DAG_ID = "rebalance"
-ROLLBACK_DAG_ID = "rebalance_rollback"
-PREFIX = "/rebalance"
+from rebalance.ui.pages import DAG_ID, PREFIX, ROLLBACK_DAG_ID
 
 can_read = Depends(requires_access_dag("GET", param_dag_id=DAG_ID))
 app = FastAPI(title="Rebalance", description=__doc__.split("\n\n")[0],
