@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from simulated_work import cpu_work  # noqa: E402
 from stream_benchmark import copy_events, run_job, window_imbalance  # noqa: E402
 from throughput_benchmark import CLUSTER_CONF, cluster_master, write_report  # noqa: E402
 
@@ -175,7 +176,7 @@ def measure(spark, work: Path, n: int, args) -> dict:
     append_batches(spark, gen, range(args.batches), str(source))
     expected = expected_windows(gen, args.batches)
     config = JobConfig(n_instances=n, window_seconds=10.0, n_windows=2, watermark_seconds=5.0,
-                       work_us_per_cost=args.work_us_per_cost, max_files_per_trigger=1)
+                       work=cpu_work(args.work_us_per_cost), max_files_per_trigger=1)
     out: dict = {"instances": n, "hot_share": args.hot_share}
     for name in ("hash", "whole", "split", "split-nomerge"):
         root = work / f"n{n}-{name}"

@@ -33,6 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from simulated_work import cpu_work  # noqa: E402
+
 
 @dataclass(frozen=True)
 class RunStats:
@@ -158,7 +161,7 @@ def balance(spark, work: Path, args) -> dict:
     source = work / "balance-events"
     append_batches(spark, gen, range(args.balance_batches), str(source))
     config = JobConfig(n_instances=args.balance_instances, window_seconds=10.0, n_windows=2,
-                       watermark_seconds=5.0, work_us_per_cost=args.work_us_per_cost,
+                       watermark_seconds=5.0, work=cpu_work(args.work_us_per_cost),
                        max_files_per_trigger=1)
     out = {"expected_hash_load_max_over_mean": float(model.max() / model.mean())}
     roots = {name: work / f"balance-{name}" for name in ("hash", "balanced")}

@@ -49,6 +49,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from simulated_work import cpu_work  # noqa: E402
 from stream_benchmark import copy_events, plan_routing, run_job, window_imbalance  # noqa: E402
 
 
@@ -85,7 +86,7 @@ def measure(spark, work: Path, source: Path, n: int, args) -> dict:
     gen = colliding_generator(_gen_config(args, n), args.hot_share)
     model = np.bincount(default_instances(gen.keys, n), weights=gen.frequencies(0), minlength=n)
     config = JobConfig(n_instances=n, window_seconds=10.0, n_windows=2, watermark_seconds=5.0,
-                       work_us_per_cost=args.work_us_per_cost, max_files_per_trigger=1)
+                       work=cpu_work(args.work_us_per_cost), max_files_per_trigger=1)
     out: dict = {"instances": n, "hash_load_max_over_mean_model": float(model.max() / model.mean())}
     roots = {name: work / f"n{n}-{name}" for name in ("hash", "planned")}
     for name, root in roots.items():

@@ -44,8 +44,6 @@ def add_job_options(parser: argparse.ArgumentParser, *, trigger_seconds: float |
     group.add_argument("--no-histograms", action="store_true", help="do not emit histograms")
     group.add_argument("--no-window-results", action="store_true",
                        help="do not merge closed windows into window_results")
-    group.add_argument("--work-us-per-cost", type=float, default=d.work_us_per_cost,
-                       help="simulated CPU work per unit of event cost (benchmarks)")
     group.add_argument("--max-files-per-trigger", type=int,
                        help="limit a micro-batch's input files")
     group.add_argument("--trigger-seconds", type=float, default=trigger_seconds,
@@ -78,7 +76,7 @@ def job_config_from_args(args: argparse.Namespace):
     return JobConfig(
         n_instances=args.instances, window_seconds=args.window_seconds,
         n_windows=args.windows, watermark_seconds=args.watermark_seconds,
-        emit_histograms=not args.no_histograms, work_us_per_cost=args.work_us_per_cost,
+        emit_histograms=not args.no_histograms,
         max_files_per_trigger=args.max_files_per_trigger,
         trigger_seconds=args.trigger_seconds, name=args.name,
         tables_root=args.tables_root, checkpoint_root=args.checkpoint_root,

@@ -72,8 +72,9 @@ class JobConfig:
 
     ``trigger_seconds=None`` processes what is available and stops
     (availableNow); a number runs micro-batches at that interval until stopped.
-    ``work_us_per_cost`` adds simulated CPU work per unit of event cost in the
-    operator (benchmarks: makes task time follow load). Tables live under
+    ``work`` is called in the operator with the cost of each group of events (the
+    benchmarks' simulated CPU work, which makes task time follow load; it must pickle
+    for the executors). Tables live under
     ``tables_root`` and checkpoints under ``checkpoint_root/<name>``. ``dedup`` drops
     events whose ``event_id`` their key saw within the watermark (in the keyed operator,
     counted per instance and window); the state layout is the same either way, so it can
@@ -85,7 +86,7 @@ class JobConfig:
     n_windows: int = 6
     watermark_seconds: float = 10.0
     emit_histograms: bool = True
-    work_us_per_cost: float = 0.0
+    work: Callable[[float], None] | None = None
     max_files_per_trigger: int | None = None
     trigger_seconds: float | None = None
     name: str = "keyed"
@@ -106,7 +107,7 @@ class JobConfig:
             (self.window_ms >= 1, "window_seconds must be at least 1 ms"),
             (self.n_windows >= 1, "n_windows must be >= 1"),
             (self.watermark_seconds >= 0, "watermark_seconds must be >= 0"),
-            (self.work_us_per_cost >= 0, "work_us_per_cost must be >= 0"),
+            (self.work is None or callable(self.work), "work must be callable or None"),
             (self.max_files_per_trigger is None or self.max_files_per_trigger >= 1,
              "max_files_per_trigger must be >= 1"),
             (self.trigger_seconds is None or self.trigger_seconds > 0,
@@ -135,7 +136,7 @@ class JobConfig:
 
     def processor_settings(self) -> ProcessorSettings:
         return ProcessorSettings(self.n_instances, self.window_ms, self.n_windows,
-                                 self.emit_histograms, self.work_us_per_cost, bool(self.dedup),
+                                 self.emit_histograms, self.work, bool(self.dedup),
                                  int(self.watermark_seconds * 1000))
 
 

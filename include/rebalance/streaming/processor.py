@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,17 +150,12 @@ class ProcessorSettings:
     window_ms: int
     n_windows: int
     emit_histograms: bool = True
-    work_us_per_cost: float = 0.0
+    #: Called with the cost of each group of events the operator processes (None: nothing);
+    #: the benchmarks give it simulated CPU work, so an instance's time follows its load.
+    work: Callable[[float], None] | None = None
     #: Drop events whose id the key saw within the watermark of ``dedup_ms`` (the delay).
     dedup: bool = False
     dedup_ms: int = 0
-
-
-def burn_cpu(seconds: float) -> None:
-    """Busy-work for ``seconds`` of this thread's CPU time (simulated per-event work)."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
 
 
 def output_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -212,8 +207,8 @@ class KeyedWindowProcessor(StatefulProcessor):
         duplicates: dict[int, int] = {}
         if self.settings.dedup and len(frame):
             frame, duplicates = self._drop_duplicates(frame, states, watermark)
-        if self.settings.work_us_per_cost:
-            burn_cpu(float(frame["cost"].sum()) * self.settings.work_us_per_cost / 1e6)
+        if self.settings.work is not None:
+            self.settings.work(float(frame["cost"].sum()))
         results = self._update_keys(frame, instance, states)
         self._update_windows(frame, time.perf_counter_ns() - started,
                              time.thread_time_ns() - cpu_started, duplicates)
