@@ -74,8 +74,11 @@ def window_loads(spark, n_instances: int | None, latest: int | None = None,
 
     n = max(int(n_instances or 1), 1)
     empty = WindowLoads([], np.zeros((0, n)), [], n)
-    source = source or source_table(spark, root)
-    if source is None or not tables.exists(spark, source, root):
+    if source is None:
+        source = source_table(spark, root)          # checks that it exists
+    elif not tables.exists(spark, source, root):
+        source = None
+    if source is None:
         return empty
     df = tables.read(spark, source, root)
     if starts is None:
