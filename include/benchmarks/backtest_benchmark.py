@@ -267,13 +267,28 @@ def sensitivity(name: str, calibration_share: float, method: str, directory: Pat
         res = backtest(history, pols if not rows else pols[1:], trace.theta, start=cut,
                        baselines=(), baseline_method=method, auto_options=options)
         if not rows:
-            rows.append(dict(trace=name, setting=TODAY, **_figures(_row(res.summary, TODAY))))
-        rows.append(dict(trace=name, setting=label, **_figures(_row(res.summary, DEFAULT))))
+            rows.append(dict(trace=name, setting=TODAY, **_figures(_row(res.summary, TODAY)),
+                             **_halves(res.steps, TODAY)))
+        rows.append(dict(trace=name, setting=label, **_figures(_row(res.summary, DEFAULT)),
+                         **_halves(res.steps, DEFAULT)))
     return rows
 
 
 def _figures(r: dict) -> dict:
     return {k: float(r[k]) for k in ("share_within", "mean_imbalance", "migration_per_step")}
+
+
+def _halves(steps, policy: str) -> dict:
+    """Share within and mean realised imbalance of a policy over the first and the second
+    half of its judged windows: does a setting lead in both, or only over the whole?"""
+    d = steps[steps["policy"] == policy]
+    windows = sorted(d["window"].unique())
+    middle = windows[len(windows) // 2]
+    out = {}
+    for half, part in (("first", d[d["window"] < middle]), ("second", d[d["window"] >= middle])):
+        out[f"share_within_{half}_half"] = float(part["within"].mean())
+        out[f"mean_imbalance_{half}_half"] = float(part["realised_imbalance"].mean())
+    return out
 
 
 def causal_bound(name: str, calibration_share: float, method: str, log) -> list[dict]:
@@ -449,11 +464,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(rows, indent=1))
             return 0
-        print("| trace | auto's setting | within 1 + theta | mean | migration / step |\n"
-              "|---|---|---|---|---|")
+        print("| trace | auto's setting | within 1 + theta | mean | migration / step | "
+              "within, 1st / 2nd half | mean, 1st / 2nd half |\n|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['trace']} | {r['setting']} | {r['share_within']:.1%} | "
-                  f"{r['mean_imbalance']:.3f} | {r['migration_per_step']:.2%} |")
+                  f"{r['mean_imbalance']:.3f} | {r['migration_per_step']:.2%} | "
+                  f"{r['share_within_first_half']:.1%} / {r['share_within_second_half']:.1%} | "
+                  f"{r['mean_imbalance_first_half']:.3f} / {r['mean_imbalance_second_half']:.3f} |")
         return 0
     if args.causal_bound:
         synthetic = [n for n in names if trace_lib.TRACES[n].archive is None]
