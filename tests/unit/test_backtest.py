@@ -70,6 +70,24 @@ def test_none_stay_oracle_distribution_oracle_by_hand():
     assert s.loc["distribution-oracle", "theta_plan"] == 0.08
 
 
+def test_the_distribution_oracle_does_not_see_the_judged_window_through_its_last_plan():
+    # Window 2 is a spike of key a. The plan for window 1 is made on window 2 and puts a
+    # alone; window 3's load ([2, 1, 1, 1]) is within 1 + 0.5 under both that plan (2 vs 3)
+    # and the default (3 vs 2), so a planner that keeps what is within bound keeps either.
+    # A chain would judge window 2 with the plan fitted to window 2 (6 vs 3: 1.33, within);
+    # the oracle must start window 2's plan from what it planned without window 2 (the
+    # default): 7 vs 2, 1.56, not within.
+    loads = [[1, 1, 1, 1], [1, 1, 1, 1], [6, 1, 1, 1], [2, 1, 1, 1], [2, 1, 1, 1]]
+    r = backtest(_history(loads), [Policy.of("mean:windows=1")], theta=0.5,
+                 oracle_windows=1, oracle_grid=[0.5])
+    d = _rows(r, "distribution-oracle@0.5")
+    assert d["window"].tolist() == [1, 2, 3, 4]
+    assert d["realised_imbalance"].tolist() == pytest.approx([1.5, 7 / 4.5, 1.2, 1.2])
+    assert d["within"].tolist() == [True, False, True, True]
+    # the per-window oracle does see its window, by definition
+    assert _rows(r, "oracle")["realised_imbalance"].iloc[1] == pytest.approx(6 / 4.5)
+
+
 def test_migration_is_moved_state_over_the_planning_windows_and_chains():
     # state differs from load: moved keys' state over the planning window's total state
     state = [[1, 1, 1, 1], [10, 30, 20, 40], [10, 30, 20, 40]]

@@ -193,10 +193,20 @@ def _run_policy(eng: _Engine, policy: Policy, steps: list[int], horizon: int,
 def _run_oracle(eng: _Engine, name: str, steps: list[int], horizon: int, initial: np.ndarray,
                 method: str, theta_plan: float | None, after: int | None) -> _Chain:
     """A chain planned per judged window: on the window itself (``after`` None) or on the
-    mean of the ``after`` windows following it (the distribution oracle)."""
+    mean of the ``after`` windows following it (the distribution oracle).
+
+    The distribution oracle must not see the window it is judged on, not even through the
+    assignment it starts from: the plan for window ``j - 1`` was made on windows ``j ..
+    j + after - 1``, ``j`` among them, and a planner that keeps what is within its bound
+    would carry that plan's fit to window ``j`` into window ``j``'s. So the plan for ``j``
+    starts from the one made for the latest window ``j - k`` with ``k > after`` (windows up
+    to ``j - 1`` only): ``after + 1`` interleaved chains, each over every ``(after + 1)``-th
+    judged window. Their migration is counted against that start."""
     h = eng.h
     chain = _Chain(name, "baseline", initial, theta_plan)
     mean = LoadModel("mean")
+    stride = 1 if after is None else after + 1
+    latest: dict[int, np.ndarray] = {}   # chain (j mod stride) -> its newest assignment
     for t in steps:
         for j in range(t, t + horizon):
             if after is None:
@@ -205,11 +215,11 @@ def _run_oracle(eng: _Engine, name: str, steps: list[int], horizon: int, initial
                 lo, hi = j + 1, min(h.n_windows, j + 1 + after)
             else:  # no window after the last one: the windows before it stand in
                 lo, hi = max(0, j - after), j
-            before = chain.a
+            before = latest.get(j % stride, initial)
             new, pred, mig, moved, sec = eng.plan(before, h.loads[lo:hi],
                                                   h.state[lo:hi].sum(axis=0), mean, theta_plan,
                                                   method)
-            chain.a = new
+            latest[j % stride] = chain.a = new
             eng.judge(chain, t, [j], before, pred, mig, moved, sec)
     return chain
 
