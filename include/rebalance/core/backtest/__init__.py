@@ -22,7 +22,10 @@ Baselines (:data:`BASELINES`):
   *after* the judged one (it knows where the load goes, not the judged window's noise),
   at each theta_plan of a grid; rows ``distribution-oracle@<theta_plan>`` per point and
   ``distribution-oracle`` for the best (highest share within, then lowest mean). The last
-  window has no window after it: there the windows before it stand in.
+  window has no window after it: there the windows before it stand in. Each plan starts
+  from the oracle's plan for a window at least ``oracle_windows + 1`` earlier, made on
+  windows before the judged one (the plan for the window just before was made on windows
+  that include the judged one).
 
 On top: :func:`calibrate` (the planning bound theta_plan <= theta that makes plans hold),
 :func:`choose` (what the ``auto`` load model does: a load model and theta_plan chosen by
