@@ -22,15 +22,13 @@ import sys
 import numpy as np
 import traces as trace_lib
 
-from rebalance.core.backtest import ORACLE_WINDOWS
+from rebalance.core.backtest import ORACLE_WINDOWS, WindowHistory
 
 
 def count_matrix(name: str) -> np.ndarray:
-    """Windows x keys counts of a trace, windows in time order."""
-    frame = trace_lib.load(name)
-    table = frame.pivot_table(index="window", columns="key", values="count", fill_value=0,
-                              aggfunc="sum").sort_index()
-    return table.to_numpy(dtype=float)
+    """Windows x keys counts of a trace, windows in time order (the backtest's own
+    :class:`~rebalance.core.backtest.WindowHistory` loads: a trace's load is its count)."""
+    return WindowHistory.from_counts(trace_lib.load(name)).loads
 
 
 def forecast_errors(counts: np.ndarray, period: int) -> dict[str, float]:

@@ -59,7 +59,7 @@ def test_too_few_windows_for_the_period_is_refused():
         forecast_error.forecast_errors(np.ones((20, 3)), period=7)
 
 
-def test_activity_counts_new_keys_and_lag_correlations():
+def test_activity_counts_events_and_new_keys():
     counts = np.zeros((20, 3))
     counts[:, 0] = 2
     counts[10:, 1] = 2                                  # key 1 appears at window 10
