@@ -291,6 +291,18 @@ def _halves(steps, policy: str) -> dict:
     return out
 
 
+def expected_loads(spec: dict, history, expected: str) -> np.ndarray:
+    """The generator's expected counts (:func:`traces.synthetic_counts` ``expected``) of a
+    synthetic trace as a windows x keys matrix aligned with ``history`` (made from the same
+    ``spec``)."""
+    frame = trace_lib.synthetic_counts(**spec, expected=expected)
+    # windows are 0 .. T - 1 in both (the history holds them as dates from the epoch)
+    out = (frame.pivot(index="window", columns="key", values="count").sort_index()
+           .reindex(columns=history.keys).fillna(0.0).to_numpy())
+    assert out.shape == history.loads.shape and out.sum() > 0, out.shape
+    return out
+
+
 def causal_bound(name: str, calibration_share: float, method: str, log) -> list[dict]:
     """On a synthetic trace: what any forecast from the past could reach, beside the
     distribution oracle. Chains planned on the generator's own distribution (its expected
@@ -312,12 +324,7 @@ def causal_bound(name: str, calibration_share: float, method: str, log) -> list[
                                         n_instances=trace.n_instances)
 
     def given(expected: str) -> np.ndarray:
-        frame = trace_lib.synthetic_counts(**spec, expected=expected)
-        # windows are 0 .. T - 1 in both (the history holds them as dates from the epoch)
-        out = (frame.pivot(index="window", columns="key", values="count").sort_index()
-               .reindex(columns=history.keys).fillna(0.0).to_numpy())
-        assert out.shape == history.loads.shape and out.sum() > 0, out.shape
-        return out
+        return expected_loads(spec, history, expected)
 
     cut = judged_from(history.n_windows, trace.period, calibration_share)
     steps = list(range(cut, history.n_windows))

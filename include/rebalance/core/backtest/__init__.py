@@ -41,6 +41,7 @@ from rebalance.core.backtest.auto import (
     AUTO_HEADROOM,
     AUTO_MODELS,
     AUTO_PERIODS,
+    AUTO_SEASONS,
     MAX_MIGRATION_RATIO,
     default_candidates,
 )
@@ -66,7 +67,8 @@ from rebalance.core.backtest.history import (
 from rebalance.core.forecast import LoadModelError
 from rebalance.core.model import PlanningError
 
-__all__ = ["AUTO_HEADROOM", "AUTO_MODELS", "AUTO_PERIODS", "BACKTEST_TIME_LIMIT", "BASELINES",
+__all__ = ["AUTO_HEADROOM", "AUTO_MODELS", "AUTO_PERIODS", "AUTO_SEASONS",
+           "BACKTEST_TIME_LIMIT", "BASELINES",
            "HEADROOM_FRACTIONS", "MAX_MIGRATION_RATIO", "ORACLE_WINDOWS", "STEP_COLUMNS",
            "SUMMARY_COLUMNS", "BacktestError", "BacktestResult", "Calibration", "Choice",
            "Holdout", "LoadModelError", "PlanningError", "Policy", "WindowHistory", "backtest",
