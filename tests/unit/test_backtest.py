@@ -307,36 +307,38 @@ def test_given_forecasts_plan_on_what_they_are_given_and_are_judged_on_the_store
         given_forecasts(h, h.loads[:2], 0.08, [1], "short")
 
 
-def test_auto_seasonal_candidates_average_a_detected_period_over_one_two_and_four_periods():
+def test_auto_seasonal_candidates_read_a_detected_period_over_one_two_and_four_periods():
     """Every period auto tries gets a seasonal candidate one period back where the windows
     hold two periods; the period detected in the windows also gets the same slot averaged
-    over 2 and 4 periods, each where the windows hold twice as many (and leave half to
-    judge on)."""
+    over, and robust over, 2 and 4 periods, each where the windows hold twice as many (and
+    leave half to judge on)."""
     from rebalance.core.backtest.auto import AUTO_SEASONS, default_candidates
 
     assert AUTO_SEASONS == (1, 2, 4)
 
     def seasonal(n_windows, loads=None):
-        return sorted({(p.load_model.period, p.load_model.windows)
+        return sorted({(p.load_model.name[0], p.load_model.period, p.load_model.windows)
                        for p in default_candidates(0.08, n_windows, loads=loads)
-                       if p.load_model.name == "seasonal"})
+                       if p.load_model.period is not None})
 
     assert seasonal(15) == []
-    assert seasonal(16) == [(7, 7)]
-    assert seasonal(50) == [(7, 7), (24, 24)]
-    assert seasonal(200) == [(7, 7), (24, 24)]          # no period shown: one period back
+    assert seasonal(16) == [("s", 7, 7)]
+    assert seasonal(50) == [("s", 7, 7), ("s", 24, 24)]
+    assert seasonal(200) == [("s", 7, 7), ("s", 24, 24)]    # no period shown: one back
     rng = np.random.default_rng(5)
     week = rng.uniform(1, 50, size=(7, 12))
     loads = np.tile(week, (8, 1)) + rng.uniform(0, 0.5, size=(56, 12))
     assert detect_period(loads) == 7
-    assert seasonal(29, loads) == [(7, 7)]
-    assert seasonal(30, loads) == [(7, 7), (7, 14)]
-    assert seasonal(58, loads) == [(7, 7), (7, 14), (7, 28), (24, 24)]
+    assert seasonal(29, loads) == [("s", 7, 7)]
+    assert seasonal(30, loads) == [("r", 7, 14), ("s", 7, 7), ("s", 7, 14)]
+    assert seasonal(58, loads) == [("r", 7, 14), ("r", 7, 28), ("s", 7, 7), ("s", 7, 14),
+                                   ("s", 7, 28), ("s", 24, 24)]
     assert seasonal(200, loads) == seasonal(58, loads)
     # every seasonal candidate at each fraction of theta
     cands = [p for p in default_candidates(0.08, 30, loads=loads)
-             if p.load_model.name == "seasonal"]
+             if p.load_model.period is not None]
     assert sorted((str(p.load_model), p.theta_plan or 0.08) for p in cands) == [
+        ("robust:windows=14,period=7", 0.04), ("robust:windows=14,period=7", 0.08),
         ("seasonal:windows=14,period=7", 0.04), ("seasonal:windows=14,period=7", 0.08),
         ("seasonal:windows=7,period=7", 0.04), ("seasonal:windows=7,period=7", 0.08)]
 

@@ -50,10 +50,21 @@ def test_robust_scenarios_are_the_last_windows():
     assert scenarios(S, "mean").shape == (1, 3)
 
 
+def test_robust_with_a_period_keeps_the_same_slot_of_earlier_periods_as_scenarios():
+    series = np.arange(10, dtype=float)[:, None] * np.array([[1.0, 10.0]])
+    # next window is 10; period 4: slots 6 and 2, newest first (windows None: all periods)
+    assert scenarios(series, "robust:period=4").tolist() == [[6.0, 60.0], [2.0, 20.0]]
+    assert forecast(series, "robust:period=4").tolist() == [4.0, 40.0]
+    assert scenarios(series, "robust:period=4,windows=4").tolist() == [[6.0, 60.0]]
+    assert LoadModel.parse("robust:period=4,windows=8").needs == 4
+    with pytest.raises(LoadModelError, match="needs at least 4 windows"):
+        scenarios(series[:3], "robust:period=4")
+
+
 @pytest.mark.parametrize("text", ["mean", "mean:windows=3", "ewm:halflife=3", "quantile:q=0.9",
                                   "quantile:quantile=0.75,windows=5", "max:windows=4",
                                   "seasonal:period=7", "seasonal:windows=14,period=7", "robust",
-                                  "robust:windows=3", "auto"])
+                                  "robust:windows=3", "robust:windows=28,period=7", "auto"])
 def test_parse_round_trip(text):
     model = LoadModel.parse(text)
     assert LoadModel.parse(str(model)) == model
@@ -74,6 +85,8 @@ def test_parse_spellings():
     ("mean:windows=0", "windows must be an integer >= 1"),
     ("seasonal", "needs a period"),
     ("seasonal:period=7,windows=3", "at least one period"),
+    ("robust:period=7,windows=3", "robust: windows \\(3\\) must reach at least one period"),
+    ("robust:period=0", "period must be an integer >= 1"),
     ("mean:halflife=2", "not one of its options"),
     ("ewm:halflife=abc", "not a number"),
     ("", "must be text"),

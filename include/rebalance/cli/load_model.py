@@ -19,7 +19,7 @@ def add_plan_arguments(p) -> None:
                    help="load model the plan is made for (default auto: chosen by backtest "
                         "over the windows given, see rebalance backtest): mean[:windows=W], "
                         "ewm:halflife=H, quantile:q=Q, max, seasonal:period=P, "
-                        "robust[:windows=W]; W defaults to --windows")
+                        "robust[:windows=W][,period=P]; W defaults to --windows")
     p.add_argument("--theta-plan", type=float, default=None, metavar="T",
                    help="planning bound <= --theta (headroom for the windows after the plan); "
                         "default: chosen by auto, else --theta")

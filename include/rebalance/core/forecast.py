@@ -16,7 +16,9 @@ returns the K planning loads (:func:`forecast`) or S x K load scenarios
   least one period back; with ``windows`` None every period in the series);
 * ``robust``: seed 001's robust view (its m windows): every one of the last ``windows``
   windows is a scenario and the plan must keep each within the bound, against that
-  window's own mean; :func:`forecast` gives their mean (what the plan is reported on);
+  window's own mean; :func:`forecast` gives their mean (what the plan is reported on).
+  With a ``period``, the scenarios are the same slot in earlier periods (the windows
+  ``seasonal`` averages): every one of them within the bound;
 * ``auto``: not a model but the choice of one by backtest
   (:func:`rebalance.core.backtest.choose`); :func:`forecast` refuses it.
 
@@ -40,7 +42,7 @@ _OPTIONS = {
     "quantile": ("windows", "quantile"),
     "max": ("windows",),
     "seasonal": ("windows", "period"),
-    "robust": ("windows",),
+    "robust": ("windows", "period"),
 }
 #: Short spellings accepted by :meth:`LoadModel.parse`.
 _ALIASES = {"q": "quantile", "w": "windows", "h": "halflife", "p": "period"}
@@ -86,9 +88,9 @@ class LoadModel:
         if self.name == "seasonal" and p is None:
             raise LoadModelError("load model seasonal needs a period in windows, e.g. "
                                  "'seasonal:period=7' for daily windows and a weekly pattern")
-        if self.name == "seasonal" and w is not None and w < p:
-            raise LoadModelError(f"load model seasonal: windows ({w}) must reach at least one "
-                                 f"period ({p}) back")
+        if self.name in ("seasonal", "robust") and p is not None and w is not None and w < p:
+            raise LoadModelError(f"load model {self.name}: windows ({w}) must reach at least "
+                                 f"one period ({p}) back")
 
     # ------------------------------------------------------------------ text form
     @classmethod
@@ -137,7 +139,8 @@ class LoadModel:
     @property
     def needs(self) -> int:
         """Windows of history the model needs at least (1, or one period when seasonal)."""
-        return int(self.period) if self.name == "seasonal" else 1
+        return int(self.period) if self.period is not None and self.name in (
+            "seasonal", "robust") else 1
 
     def with_windows(self, windows: int | None) -> LoadModel:
         from dataclasses import replace
@@ -174,15 +177,8 @@ def forecast(series, model: LoadModel | str) -> np.ndarray:
     if name == "auto":
         raise LoadModelError("load model auto is a choice by backtest "
                              "(rebalance.core.backtest.choose), not a forecast")
-    if name == "seasonal":
-        p = int(model.period)
-        depth = arr.shape[0] if model.windows is None else min(int(model.windows), arr.shape[0])
-        if depth < p:
-            raise LoadModelError(f"load model {model}: needs at least {p} windows (one period), "
-                                 f"got {depth}")
-        # the planned window is arr.shape[0]; its slot one, two, ... periods back
-        rows = np.arange(arr.shape[0] - p, arr.shape[0] - depth - 1, -p)
-        return arr[rows].mean(axis=0)
+    if model.period is not None and name in ("seasonal", "robust"):
+        return _slots(arr, model).mean(axis=0)
     last = _last(arr, model)
     if name in ("mean", "robust"):
         return last.mean(axis=0)
@@ -197,12 +193,25 @@ def forecast(series, model: LoadModel | str) -> np.ndarray:
     raise AssertionError(name)  # pragma: no cover - LOAD_MODELS is exhaustive
 
 
+def _slots(arr: np.ndarray, model: LoadModel) -> np.ndarray:
+    """The windows of ``arr`` in the planned window's slot of earlier periods (newest
+    first), as far back as ``model.windows`` reaches."""
+    p = int(model.period)
+    depth = arr.shape[0] if model.windows is None else min(int(model.windows), arr.shape[0])
+    if depth < p:
+        raise LoadModelError(f"load model {model}: needs at least {p} windows (one period), "
+                             f"got {depth}")
+    # the planned window is arr.shape[0]; its slot one, two, ... periods back
+    return arr[np.arange(arr.shape[0] - p, arr.shape[0] - depth - 1, -p)]
+
+
 def scenarios(series, model: LoadModel | str) -> np.ndarray:
     """S x K load scenarios every plan of ``model`` must keep within its bound: the last
     ``windows`` windows for ``robust``, the single forecast row for the other models."""
     model = LoadModel.parse(model) if isinstance(model, str) else model
     if model.name == "robust":
-        return _last(_series(series), model).copy()
+        arr = _series(series)
+        return _slots(arr, model).copy() if model.period is not None else _last(arr, model).copy()
     return forecast(series, model)[None, :]
 
 

@@ -23,11 +23,12 @@ AUTO_SHARE_SLACK = 0.05
 #: Seasonal periods (windows) auto tries when the history holds two of them, beside the
 #: period detected in the windows themselves (:func:`rebalance.core.forecast.detect_period`).
 AUTO_PERIODS = (7, 24)
-#: How many periods back a seasonal candidate averages the same slot over, for the period
-#: detected in the windows (:func:`rebalance.core.forecast.detect_period`): one period back
-#: carries one window's noise, the mean of the same slot over 2 or 4 periods less (kept
-#: where the windows hold twice that many periods). The periods of :data:`AUTO_PERIODS`
-#: the windows do not show get one period back only.
+#: How many periods back a seasonal candidate reads the same slot, for the period detected
+#: in the windows (:func:`rebalance.core.forecast.detect_period`): one period back carries
+#: one window's noise, the mean of the same slot over 2 or 4 periods less; and over 2 or 4
+#: periods, a robust candidate keeps each of those slots within the bound (kept where the
+#: windows hold twice that many periods). The periods of :data:`AUTO_PERIODS` the windows
+#: do not show get one period back only.
 AUTO_SEASONS = (1, 2, 4)
 
 
@@ -38,8 +39,8 @@ def default_candidates(theta: float, n_windows: int, n_keys: int | None = None,
     of ``n_windows`` to judge on (and seasonal models per period of
     :data:`AUTO_PERIODS`, and the period detected in ``loads`` (W x K, the windows before
     the choice), that the windows cover twice; for the detected period, the same slot
-    averaged over each number of periods of :data:`AUTO_SEASONS` the windows hold twice),
-    each at every fraction of theta in ``headroom``."""
+    averaged over, and robust over, each number of periods of :data:`AUTO_SEASONS` the
+    windows hold twice), each at every fraction of theta in ``headroom``."""
     models = [LoadModel.parse(m) for m in AUTO_MODELS]
     periods = list(AUTO_PERIODS)
     found = None if loads is None else detect_period(loads)
@@ -50,6 +51,8 @@ def default_candidates(theta: float, n_windows: int, n_keys: int | None = None,
         for k in AUTO_SEASONS if p == found else AUTO_SEASONS[:1]:
             if n_windows >= 2 * k * p + 2:
                 models.append(LoadModel("seasonal", windows=k * p, period=p))
+                if k > 1:   # one slot alone is the seasonal candidate's single scenario
+                    models.append(LoadModel("robust", windows=k * p, period=p))
     out = []
     for m in models:
         need = history_needed(m)
