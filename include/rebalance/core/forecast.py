@@ -138,7 +138,8 @@ class LoadModel:
     # ------------------------------------------------------------------ use
     @property
     def needs(self) -> int:
-        """Windows of history the model needs at least (1, or one period when seasonal)."""
+        """Windows of history the model needs at least (1, or one period for ``seasonal``
+        and for ``robust`` with a period)."""
         return int(self.period) if self.period is not None and self.name in (
             "seasonal", "robust") else 1
 
@@ -207,7 +208,8 @@ def _slots(arr: np.ndarray, model: LoadModel) -> np.ndarray:
 
 def scenarios(series, model: LoadModel | str) -> np.ndarray:
     """S x K load scenarios every plan of ``model`` must keep within its bound: the last
-    ``windows`` windows for ``robust``, the single forecast row for the other models."""
+    ``windows`` windows for ``robust`` (with a ``period``, the same slot of earlier periods
+    within them, newest first), the single forecast row for the other models."""
     model = LoadModel.parse(model) if isinstance(model, str) else model
     if model.name == "robust":
         arr = _series(series)
