@@ -291,6 +291,21 @@ def _halves(steps, policy: str) -> dict:
     return out
 
 
+def synthetic_history(name: str, seed: int | None = None):
+    """(generator spec, :class:`WindowHistory`) of synthetic trace ``name``, drawn with its
+    own seed or ``seed``."""
+    from rebalance.core.backtest import WindowHistory
+
+    trace = trace_lib.TRACES[name]
+    spec = dict(trace.synthetic, n_instances=trace.n_instances)
+    if seed is not None:
+        spec["seed"] = seed
+    history = WindowHistory.from_counts(trace_lib.synthetic_counts(**spec), key="key",
+                                        window="window", count="count",
+                                        n_instances=trace.n_instances)
+    return spec, history
+
+
 def expected_loads(spec: dict, history, expected: str) -> np.ndarray:
     """The generator's expected counts (:func:`traces.synthetic_counts` ``expected``) of a
     synthetic trace as a windows x keys matrix aligned with ``history`` (made from the same
@@ -312,16 +327,13 @@ def causal_bound(name: str, calibration_share: float, method: str, log) -> list[
     past can know more; and ``truth-now``, the judged window's own distribution (what the
     distribution oracle approximates). Best over the headroom grid; judged on the same
     windows as :func:`run_trace`."""
-    from rebalance.core.backtest import WindowHistory, backtest, given_forecasts
+    from rebalance.core.backtest import backtest, given_forecasts
 
     trace = trace_lib.TRACES[name]
     if trace.archive is not None:
         raise SystemExit(f"backtest_benchmark: --causal-bound needs a synthetic trace, "
                          f"{name} is real")
-    spec = dict(trace.synthetic, n_instances=trace.n_instances)
-    frame = trace_lib.synthetic_counts(**spec)
-    history = WindowHistory.from_counts(frame, key="key", window="window", count="count",
-                                        n_instances=trace.n_instances)
+    spec, history = synthetic_history(name)
 
     def given(expected: str) -> np.ndarray:
         return expected_loads(spec, history, expected)

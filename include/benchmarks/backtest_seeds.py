@@ -47,13 +47,10 @@ GRIDS = {"distribution-oracle": "distribution-oracle@", "known-past": "known-pas
 
 def run_seed(name: str, seed: int, method: str, calibration_share: float) -> pd.DataFrame:
     """Every policy's and baseline's summary rows on one seed of synthetic trace ``name``."""
-    from rebalance.core.backtest import WindowHistory, backtest, given_forecasts
+    from rebalance.core.backtest import backtest, given_forecasts
 
     trace = trace_lib.TRACES[name]
-    spec = dict(trace.synthetic, n_instances=trace.n_instances, seed=seed)
-    history = WindowHistory.from_counts(trace_lib.synthetic_counts(**spec), key="key",
-                                        window="window", count="count",
-                                        n_instances=trace.n_instances)
+    spec, history = bench.synthetic_history(name, seed)
     cut = bench.judged_from(history.n_windows, trace.period, calibration_share)
     pols = [p for p in bench.policies(trace.theta, trace.period, method, None)
             if p.name in POLICIES]
