@@ -88,7 +88,7 @@ class LoadModel:
         if self.name == "seasonal" and p is None:
             raise LoadModelError("load model seasonal needs a period in windows, e.g. "
                                  "'seasonal:period=7' for daily windows and a weekly pattern")
-        if self.name in ("seasonal", "robust") and p is not None and w is not None and w < p:
+        if self.by_slot and w is not None and w < p:
             raise LoadModelError(f"load model {self.name}: windows ({w}) must reach at least "
                                  f"one period ({p}) back")
 
@@ -137,11 +137,16 @@ class LoadModel:
 
     # ------------------------------------------------------------------ use
     @property
+    def by_slot(self) -> bool:
+        """Whether the model reads the same slot of earlier periods (``seasonal``, and
+        ``robust`` with a period) rather than the last windows."""
+        return self.period is not None and self.name in ("seasonal", "robust")
+
+    @property
     def needs(self) -> int:
-        """Windows of history the model needs at least (1, or one period for ``seasonal``
-        and for ``robust`` with a period)."""
-        return int(self.period) if self.period is not None and self.name in (
-            "seasonal", "robust") else 1
+        """Windows of history the model needs at least (1, or one period when it reads
+        slots of earlier periods: :attr:`by_slot`)."""
+        return int(self.period) if self.by_slot else 1
 
     def with_windows(self, windows: int | None) -> LoadModel:
         from dataclasses import replace
@@ -178,7 +183,7 @@ def forecast(series, model: LoadModel | str) -> np.ndarray:
     if name == "auto":
         raise LoadModelError("load model auto is a choice by backtest "
                              "(rebalance.core.backtest.choose), not a forecast")
-    if model.period is not None and name in ("seasonal", "robust"):
+    if model.by_slot:
         return _slots(arr, model).mean(axis=0)
     last = _last(arr, model)
     if name in ("mean", "robust"):
@@ -213,7 +218,7 @@ def scenarios(series, model: LoadModel | str) -> np.ndarray:
     model = LoadModel.parse(model) if isinstance(model, str) else model
     if model.name == "robust":
         arr = _series(series)
-        return _slots(arr, model).copy() if model.period is not None else _last(arr, model).copy()
+        return _slots(arr, model).copy() if model.by_slot else _last(arr, model).copy()
     return forecast(series, model)[None, :]
 
 
