@@ -67,18 +67,20 @@ def run_seed(name: str, seed: int, method: str, calibration_share: float) -> pd.
 
 def pool(per_seed: pd.DataFrame) -> pd.DataFrame:
     """Each policy's figures averaged over the seeds (``shares``: the per-seed shares), and
-    a row per grid of :data:`GRIDS` for its best theta_plan on the pooled figures."""
+    a row per grid of :data:`GRIDS` for its best theta_plan on the pooled figures (ranked
+    as the backtest ranks the oracle's grid)."""
     grouped = per_seed.groupby("policy", sort=False)
     out = grouped[list(FIGURES) + ["theta_plan"]].mean()
     out["windows"] = grouped["windows"].sum()
     out["seeds"] = grouped["seed"].count()
     out["shares"] = grouped["share_within"].apply(list)
     out = out.reset_index()
+    from rebalance.core.backtest.engine import _best  # the backtest's own ranking
+
     for best, prefix in GRIDS.items():
         grid = out[out["policy"].str.startswith(prefix)]
         if len(grid):
-            top = grid.sort_values(["share_within", "mean_imbalance", "migration_per_step"],
-                                   ascending=[False, True, True], kind="stable").iloc[0]
+            top = _best(grid.to_dict("records"))
             out = pd.concat([out, pd.DataFrame([dict(top, policy=best)])], ignore_index=True)
     return out
 
