@@ -38,7 +38,7 @@ import backtest_benchmark as bench  # noqa: E402  (the sibling script)
 import traces as trace_lib  # noqa: E402
 
 SYNTHETIC = tuple(n for n, t in trace_lib.TRACES.items() if t.archive is None)
-DEFAULT_SEEDS = (19, 20, 21, 22)
+DEFAULT_SEEDS = bench.SEEDS
 POLICIES = ("last-1", "headroom", "auto")
 FIGURES = ("share_within", "mean_imbalance", "p90_imbalance", "migration_per_step")
 #: Pooled rows that stand for the best theta_plan of a grid, and the grid rows' prefix.

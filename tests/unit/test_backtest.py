@@ -359,3 +359,44 @@ def test_auto_candidates_at_every_headroom_and_the_share_slack_of_the_choice():
                           "windows": 50})
     assert _pick(table, math.inf, 0.08, 0.9)[0] == 0                    # default slack 0.05
     assert _pick(table, math.inf, 0.08, 0.9, share_slack=0.0)[0] == 1
+    # near the best share, a cheaper candidate may be a little worse on the mean: by
+    # theta / 8 by default (0.01 here), not by more than the tolerance given
+    table["mean_imbalance"] = [1.076, 1.07]
+    assert _pick(table, math.inf, 0.08, 0.9)[0] == 0
+    assert _pick(table, math.inf, 0.08, 0.9, mean_tolerance=1 / 32)[0] == 1
+
+
+def test_auto_reuses_candidate_chains_across_selection_settings_of_the_same_history(monkeypatch):
+    """A ``runs`` dict kept across backtests of one history (the benchmark's --sensitivity)
+    runs each candidate once; the figures are those of backtests without it; another
+    history given the same dict gets chains of its own."""
+    from rebalance.core.backtest import engine
+
+    rng = np.random.default_rng(7)
+    keys = np.array([f"k{i}" for i in range(8)], dtype=object)
+    make = lambda: _history(rng.poisson(20, size=(40, 8)) * np.linspace(1, 3, 8),  # noqa: E731
+                            default=np.arange(8) % 2, keys=keys)
+    h, other = make(), make()
+    auto = Policy(name="auto", load_model=LoadModel("auto"))
+    settings = [{}, {"share_slack": 0.0}, {"headroom": (1.0, 0.75, 0.5)}]
+    plain = [backtest(h, [auto], 0.08, start=20, baselines=(), auto_options=o).steps
+             for o in settings]
+    calls = []
+    real = engine._run_policy
+    monkeypatch.setattr(engine, "_run_policy", lambda *a: calls.append(a[1]) or real(*a))
+    runs: dict = {}
+    for o, want in zip(settings, plain):
+        got = backtest(h, [auto], 0.08, start=20, baselines=(), auto_options=dict(o, runs=runs))
+        pd.testing.assert_frame_equal(got.steps.drop(columns="plan_seconds"),
+                                      want.drop(columns="plan_seconds"))
+    # the third setting's 0.75 candidates are new; every other candidate ran once
+    assert len(calls) == len(set(calls)) == len(runs)
+    assert sorted({round(p.theta_plan or 0.08, 9) for p in calls}) == [0.04, 0.06, 0.08]
+    calls.clear()
+    alone = backtest(other, [auto], 0.08, start=20, baselines=()).steps
+    n_alone = len(calls)
+    calls.clear()
+    got = backtest(other, [auto], 0.08, start=20, baselines=(), auto_options={"runs": runs})
+    assert n_alone > 0 and len(calls) == n_alone          # not the chains of `h`
+    pd.testing.assert_frame_equal(got.steps.drop(columns="plan_seconds"),
+                                  alone.drop(columns="plan_seconds"))

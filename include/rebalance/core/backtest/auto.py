@@ -20,6 +20,9 @@ AUTO_HEADROOM = (1.0, 0.5)
 #: How far below the best backtested share within 1 + theta a candidate may be and still be
 #: chosen for migrating less (:func:`_pick`).
 AUTO_SHARE_SLACK = 0.05
+#: How far above the lowest backtested mean imbalance (as a fraction of theta) a candidate
+#: near the best share may be and still be chosen for migrating less (:func:`_pick`).
+AUTO_MEAN_TOLERANCE = 1 / 8
 #: Seasonal periods (windows) auto tries when the history holds two of them, beside the
 #: period detected in the windows themselves (:func:`rebalance.core.forecast.detect_period`).
 AUTO_PERIODS = (7, 24)
@@ -78,12 +81,13 @@ def _today(policies: Sequence[Policy], theta: float) -> int | None:
 
 def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
           share_slack: float = AUTO_SHARE_SLACK, min_gain: float = 0.0,
-          migration_cap: float | None = None) -> tuple[int | None, str]:
+          migration_cap: float | None = None,
+          mean_tolerance: float = AUTO_MEAN_TOLERANCE) -> tuple[int | None, str]:
     """Index of the chosen candidate row (None: stay) and why.
 
     Candidates whose share within 1 + theta reaches ``target`` are near-best, else
-    those within ``share_slack`` of the best share and within theta / 8 of the lowest
-    mean imbalance among them; of those the least migration wins (ties: lower mean
+    those within ``share_slack`` of the best share and within ``mean_tolerance`` x theta
+    of the lowest mean imbalance among them; of those the least migration wins (ties: lower mean
     imbalance). The choice stands only if its mean realised imbalance beats staying's by
     ``min_gain``. Candidates migrating more than ``migration_cap`` per step are left out
     (unless that leaves none)."""
@@ -103,7 +107,7 @@ def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
         near = reach
     else:
         near = table[table["share_within"] >= best_share - share_slack - 1e-12]
-        near = near[near["mean_imbalance"] <= float(near["mean_imbalance"].min()) + theta / 8]
+        near = near[near["mean_imbalance"] <= float(near["mean_imbalance"].min()) + theta * mean_tolerance]
     row = near.sort_values(["migration_per_step", "mean_imbalance"], kind="stable").iloc[0]
     idx = int(row.name)
     if math.isfinite(stay_mean) and not row.mean_imbalance < stay_mean - min_gain:

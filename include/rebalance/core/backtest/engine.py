@@ -14,6 +14,7 @@ import pandas as pd
 
 from rebalance.core.backtest.auto import (
     AUTO_HEADROOM,
+    AUTO_MEAN_TOLERANCE,
     AUTO_SHARE_SLACK,
     MAX_MIGRATION_RATIO,
     _pick,
@@ -356,7 +357,8 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
               initial: np.ndarray, candidates: Sequence[Policy] | None = None,
               lookback: int = 56, min_evidence: int = 7, target: float = 0.9,
               min_gain: float = 0.0, headroom: Sequence[float] = AUTO_HEADROOM,
-              share_slack: float = AUTO_SHARE_SLACK) -> list[_Chain]:
+              share_slack: float = AUTO_SHARE_SLACK, mean_tolerance: float = AUTO_MEAN_TOLERANCE,
+              runs: dict | None = None) -> list[_Chain]:
     """The ``auto`` policies of a backtest: at every step, the candidates' own backtest on
     the judged windows before it (at most ``lookback``) chooses the load model and
     theta_plan (:func:`_pick`); a step applies the chosen plan only when its candidate's
@@ -364,15 +366,19 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
     history where planning does not pay keeps the assignment. With fewer than
     ``min_evidence`` judged windows it does what the stay baseline does: today's plan
     (mean of the last window, at theta) at the first step, kept.
-    ``headroom`` and ``share_slack``: the default candidates' fractions of theta, and
-    :func:`_pick`'s slack (the backtest benchmark's ``--sensitivity`` varies them).
+    ``headroom``, ``share_slack`` and ``mean_tolerance``: the default candidates' fractions
+    of theta, and :func:`_pick`'s slack and mean tolerance (the backtest benchmark's
+    ``--sensitivity`` varies them).
+    ``runs``: a dict kept by the caller across backtests of the same history, theta,
+    steps and initial assignment (e.g. one per trace while only the selection settings
+    change): a candidate's chain does not depend on them, so each is run once.
     Causal: a choice at step t reads only windows before t."""
     h, theta = eng.h, eng.theta
     cands = list(candidates) if candidates is not None else default_candidates(
         theta, h.n_windows, h.n_keys, loads=h.loads[:steps[0]],  # causal: before the steps
         headroom=headroom)
     cands = [p for p in cands if p.history <= steps[0]] or [Policy.of("mean:windows=1")]
-    runs = [_run_policy(eng, p, steps, horizon, initial) for p in cands]
+    runs = [_candidate_run(eng, p, steps, horizon, initial, runs) for p in cands]
     # per candidate: judged window -> (realised, stay, migration of its step)
     realised = np.full((len(cands), h.n_windows), np.nan)
     stayed = np.full((len(cands), h.n_windows), np.nan)
@@ -409,6 +415,7 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
                 cap = (None if today_i is None
                        else MAX_MIGRATION_RATIO * float(np.nanmean(m[today_i])))
                 idx, why = _pick(table, math.inf, theta, target, share_slack=share_slack,
+                                 mean_tolerance=mean_tolerance,
                                  migration_cap=cap)
                 # staying = not replanning: the candidate's previous assignment on the window
                 if idx is not None and not r[idx].mean() < s[idx].mean() - min_gain:
@@ -430,6 +437,19 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
             chain.choices.append((chosen.name, why))  # type: ignore[attr-defined]
         out.append(chain)
     return out
+
+
+def _candidate_run(eng: _Engine, policy: Policy, steps: list[int], horizon: int,
+                   initial: np.ndarray, runs: dict | None) -> _Chain:
+    """:func:`_run_policy`, or its chain from ``runs`` (see :func:`_run_auto`), checked to
+    come from the same history, theta, steps, horizon and initial assignment."""
+    if runs is None:
+        return _run_policy(eng, policy, steps, horizon, initial)
+    key = (policy, eng.theta, steps[0], steps[-1], len(steps), horizon, initial.tobytes())
+    hit = runs.get(key)
+    if hit is None or hit[0] is not eng.h:
+        hit = runs[key] = (eng.h, _run_policy(eng, policy, steps, horizon, initial))
+    return hit[1]
 
 
 def given_forecasts(history: WindowHistory, forecasts: np.ndarray, theta: float,
