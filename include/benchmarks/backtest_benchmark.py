@@ -33,9 +33,8 @@ mean of the 3 windows after the judged one, at theta_plan = theta x 1, 3/4, 1/2,
 
 ``--sensitivity``: only ``auto`` again under other selection settings
 (:data:`SENSITIVITY`: a finer headroom grid, no share slack, a shorter or longer lookback,
-a tighter mean tolerance),
-beside ``last-1``, judged on the same windows: how much the figures move with them (a
-synthetic trace pooled over the generator seeds of :data:`SEEDS`).
+a tighter mean tolerance), beside ``last-1``, judged on the same windows: how much the
+figures move with them (a synthetic trace pooled over the generator seeds of :data:`SEEDS`).
 
 Per trace: a table (share of judged windows within 1 + theta, mean and p90 realised
 imbalance, migration per step as a fraction of the state, routing-table size) and issue
@@ -244,7 +243,8 @@ def issue_check(directory: Path, method: str = "auto") -> list[dict]:
 #: Generator seeds a synthetic trace is pooled over (``--sensitivity``, backtest_seeds.py).
 SEEDS = (19, 20, 21, 22)
 #: ``--sensitivity``: auto's selection settings tried beside its defaults (the candidates'
-#: fractions of theta, the share slack of its choice, the judged windows it looks back on).
+#: fractions of theta, the share slack and mean tolerance of its choice, the judged windows
+#: it looks back on).
 SENSITIVITY = {
     "defaults": {},
     "headroom 1, 3/4, 1/2": {"headroom": (1.0, 0.75, 0.5)},

@@ -87,8 +87,8 @@ def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
 
     Candidates whose share within 1 + theta reaches ``target`` are near-best, else
     those within ``share_slack`` of the best share and within ``mean_tolerance`` x theta
-    of the lowest mean imbalance among them; of those the least migration wins (ties: lower mean
-    imbalance). The choice stands only if its mean realised imbalance beats staying's by
+    of the lowest mean imbalance among them; of those the least migration wins (ties:
+    lower mean imbalance). The choice stands only if its mean realised imbalance beats staying's by
     ``min_gain``. Candidates migrating more than ``migration_cap`` per step are left out
     (unless that leaves none)."""
     if table.empty:
@@ -107,7 +107,8 @@ def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
         near = reach
     else:
         near = table[table["share_within"] >= best_share - share_slack - 1e-12]
-        near = near[near["mean_imbalance"] <= float(near["mean_imbalance"].min()) + theta * mean_tolerance]
+        lowest = float(near["mean_imbalance"].min())
+        near = near[near["mean_imbalance"] <= lowest + theta * mean_tolerance]
     row = near.sort_values(["migration_per_step", "mean_imbalance"], kind="stable").iloc[0]
     idx = int(row.name)
     if math.isfinite(stay_mean) and not row.mean_imbalance < stay_mean - min_gain:
