@@ -281,18 +281,20 @@ def sensitivity(name: str, calibration_share: float, method: str, directory: Pat
         histories = [(history, cut)]
     pols = [Policy.of("mean:windows=1", method=method, name=TODAY),
             Policy.of("auto", method=method, name=DEFAULT)]
-    per_run = [[] for _ in histories]
-    for i, (history, cut) in enumerate(histories):
-        runs: dict = {}
+    per_run = []
+    for history, cut in histories:
+        runs: dict = {}   # each candidate's chain, run once for every setting
+        out = []
         for label, options in SENSITIVITY.items():
-            res = backtest(history, pols if not per_run[i] else pols[1:], trace.theta,
-                           start=cut, baselines=(), baseline_method=method,
+            res = backtest(history, pols[1:] if out else pols, trace.theta, start=cut,
+                           baselines=(), baseline_method=method,
                            auto_options=dict(options, runs=runs))
-            if not per_run[i]:
-                per_run[i].append(dict(setting=TODAY, **_figures(_row(res.summary, TODAY)),
-                                       **_halves(res.steps, TODAY)))
-            per_run[i].append(dict(setting=label, **_figures(_row(res.summary, DEFAULT)),
-                                   **_halves(res.steps, DEFAULT)))
+            if not out:
+                out.append(dict(setting=TODAY, **_figures(_row(res.summary, TODAY)),
+                                **_halves(res.steps, TODAY)))
+            out.append(dict(setting=label, **_figures(_row(res.summary, DEFAULT)),
+                            **_halves(res.steps, DEFAULT)))
+        per_run.append(out)
     rows = []
     for j, first in enumerate(per_run[0]):
         pooled = {k: sum(run[j][k] for run in per_run) / len(per_run)

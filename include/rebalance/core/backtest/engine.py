@@ -445,7 +445,7 @@ def _candidate_run(eng: _Engine, policy: Policy, steps: list[int], horizon: int,
     come from the same history, theta, steps, horizon and initial assignment."""
     if runs is None:
         return _run_policy(eng, policy, steps, horizon, initial)
-    key = (policy, eng.theta, steps[0], steps[-1], len(steps), horizon, initial.tobytes())
+    key = (policy, eng.theta, tuple(steps), horizon, initial.tobytes())
     hit = runs.get(key)
     if hit is None or hit[0] is not eng.h:
         hit = runs[key] = (eng.h, _run_policy(eng, policy, steps, horizon, initial))
