@@ -1,0 +1,302 @@
+"""The operator that runs a user's StatefulProcessor, one instance per grouping value.
+
+:class:`InstanceHost` is what Spark runs: ``groupBy(label).transformWithStateInPandas``
+with one label per instance (so instance i is partition i). In each call it hands the
+user's processor one key at a time, with that key's rows and its own state and timers
+(:class:`~rebalance.streaming.keyed_state.KeyScope`), exactly the calls Spark would make
+under ``groupBy(key)``: ``handleInputRows(key, rows, timerValues)`` per key with rows,
+then ``handleExpiredTimer`` per key and expired timer (a real timer per timestamp on the
+instance, the keys due at it looked up, not scanned).
+
+Besides the user's rows it emits, for every closed histogram window, one row per key
+(events, declared cost, the key's state bytes) and one per instance (load, events, keys,
+operator time), and, for a move, each moved key's whole state for its new instance.
+
+A move (:mod:`rebalance.streaming.rebalanced`): an ``export`` row per instance carries the
+new routing; after its events, the instance gives away every key that routing places
+elsewhere (all variables and timers, with the batch's timer values), as ``handoff`` rows.
+The next batch brings them as ``in`` rows to the new instance, which takes the state,
+fires the timers the old instance would have fired at the end of the export batch (with
+that batch's timer values), and only then handles the key's new rows: the key sees the
+same calls in the same order as under plain Spark.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from rebalance.core.placement import default_instances
+from rebalance.streaming.keyed_state import KeyScope
+
+#: Output row kinds (column ``rb_kind``).
+OUT, KEY_ROW, INSTANCE_ROW, HANDOFF, EXPORTED = "out", "key", "instance", "handoff", "exported"
+#: Control row kinds (input column ``rb_control``).
+EXPORT, IN = "export", "in"
+
+#: Columns the host adds to the operator's input (besides the user's columns).
+HOST_INPUT = StructType([
+    StructField("rb_label", IntegerType()), StructField("rb_key", StringType()),
+    StructField("rb_window", LongType()), StructField("rb_cost", DoubleType()),
+    StructField("rb_version", LongType()), StructField("rb_default", IntegerType()),
+    StructField("rb_group", IntegerType()), StructField("rb_control", StringType()),
+    StructField("rb_payload", BinaryType()),
+    StructField("rb_routing_keys", ArrayType(StringType())),
+    StructField("rb_routing_instances", ArrayType(IntegerType()))])
+#: Columns the host adds to the operator's output (besides the user's output columns).
+HOST_OUTPUT = StructType([
+    StructField("rb_kind", StringType()), StructField("rb_key", StringType()),
+    StructField("rb_window", LongType()), StructField("rb_instance", IntegerType()),
+    StructField("rb_partition", IntegerType()), StructField("rb_default", IntegerType()),
+    StructField("rb_group", IntegerType()), StructField("rb_version", LongType()),
+    StructField("rb_events", LongType()), StructField("rb_cost", DoubleType()),
+    StructField("rb_bytes", LongType()), StructField("rb_keys", LongType()),
+    StructField("rb_task_ms", DoubleType()), StructField("rb_cpu_ms", DoubleType()),
+    StructField("rb_label", IntegerType()), StructField("rb_payload", BinaryType())])
+HOST_OUTPUT_NAMES = HOST_OUTPUT.fieldNames()
+
+_WINDOW_VALUE = StructType([
+    StructField("keys", ArrayType(StringType())), StructField("events", ArrayType(LongType())),
+    StructField("costs", ArrayType(DoubleType())), StructField("bytes", ArrayType(LongType())),
+    StructField("defaults", ArrayType(IntegerType())),
+    StructField("groups", ArrayType(IntegerType())), StructField("version", LongType()),
+    StructField("task_ns", LongType()), StructField("cpu_ns", LongType())])
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What the host needs besides the user's processor."""
+
+    key_column: str
+    key_type: DataType
+    user_columns: tuple[str, ...]
+    output_columns: tuple[str, ...]
+    time_mode: str
+    n_instances: int
+    labels: tuple[int, ...]
+    window_ms: int
+
+
+def _native(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else -1
+
+
+class InstanceHost(StatefulProcessor):
+    """Runs ``processor`` per key inside the operator's per-instance groups."""
+
+    def __init__(self, processor: StatefulProcessor, settings: HostSettings) -> None:
+        self.processor = processor
+        self.settings = settings
+        self.instance_of = {label: i for i, label in enumerate(settings.labels)}
+
+    # ------------------------------------------------------------------ Spark's calls
+
+    def init(self, handle) -> None:
+        self.handle = handle
+        self.scope = KeyScope(handle, self.settings.key_type, self.settings.time_mode)
+        self.windows = handle.getMapState("h:windows", "window_start BIGINT", _WINDOW_VALUE)
+        self.processor.init(self.scope)
+
+    def close(self) -> None:
+        self.processor.close()
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
+                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
+        instance = self.instance_of[int(key[0])]
+        frame = pd.concat(list(rows), ignore_index=True)
+        control = frame["rb_control"].notna()
+        exports = frame[frame["rb_control"] == EXPORT] if control.any() else None
+        if control.any():
+            for payload in frame.loc[frame["rb_control"] == IN, "rb_payload"]:
+                yield from self._take_over(pickle.loads(payload), timerValues)
+            frame = frame[~control]
+        now = self._now(timerValues)
+        sizes: dict[str, int] = {}
+        s = self.settings
+        user = list(s.user_columns)
+        for value, index in frame.groupby(s.key_column, sort=False).indices.items():
+            value = _native(value)
+            rows_of_key = frame.iloc[index]
+            self.scope.enter(value, timerValues.getCurrentProcessingTimeInMs())
+            for out in self.processor.handleInputRows(
+                    (value,), iter([rows_of_key[user].reset_index(drop=True)]), timerValues):
+                yield self._user_rows(out)
+            sizes[rows_of_key["rb_key"].iat[0]] = self.scope.state_bytes()
+        self._count(frame, sizes, now, time.perf_counter_ns() - started,
+                    time.thread_time_ns() - cpu_started)
+        if exports is not None and len(exports):
+            yield from self._give_away(exports.iloc[0], instance, timerValues)
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        ts = expiredTimerInfo.getExpiryTimeInMs()
+        for value in self.scope.keys_due(ts):
+            self.scope.enter(value, timerValues.getCurrentProcessingTimeInMs())
+            if self.scope.take_timer(ts):
+                for out in self.processor.handleExpiredTimer((value,), timerValues,
+                                                             ExpiredTimerInfo(ts)):
+                    yield self._user_rows(out)
+        yield from self._close_windows(self.instance_of[int(key[0])], self._now(timerValues))
+
+    # ------------------------------------------------------------------ outputs
+
+    def _now(self, timerValues: TimerValues) -> int:
+        if self.settings.time_mode.lower() == "eventtime":
+            return timerValues.getCurrentWatermarkInMs()
+        return timerValues.getCurrentProcessingTimeInMs()
+
+    def _user_rows(self, out: pd.DataFrame) -> pd.DataFrame:
+        frame = out.reindex(columns=list(self.settings.output_columns))
+        for name in HOST_OUTPUT_NAMES:
+            frame[name] = None
+        frame["rb_kind"] = OUT
+        return frame
+
+    @staticmethod
+    def _host_rows(rows: list[dict[str, Any]], output_columns) -> pd.DataFrame:
+        frame = pd.DataFrame.from_records(rows, columns=HOST_OUTPUT_NAMES)
+        frame = frame.astype(object).where(frame.notna(), None)
+        for name in output_columns:
+            frame[name] = None
+        return frame[list(output_columns) + HOST_OUTPUT_NAMES]
+
+    # ------------------------------------------------------------------ histograms
+
+    def _count(self, frame: pd.DataFrame, sizes: dict[str, int], now: int, task_ns: int,
+               cpu_ns: int) -> None:
+        """Add the batch's events, cost and state bytes per (window, key) to the open windows."""
+        if not len(frame):
+            return
+        s = self.settings
+        windows = (frame["rb_window"] if s.time_mode.lower() == "eventtime"
+                   else pd.Series(now - now % s.window_ms, index=frame.index))
+        per = (frame.assign(_w=windows.astype("int64"))
+               .groupby(["_w", "rb_key"], sort=False)
+               .agg(events=("rb_cost", "size"), cost=("rb_cost", "sum"),
+                    default=("rb_default", "first"), group=("rb_group", "first"),
+                    version=("rb_version", "max")))
+        total = len(frame)
+        added: dict[int, dict[str, list]] = {}
+        for (window, name), r in zip(per.index, per.itertuples(index=False)):
+            added.setdefault(int(window), {})[name] = [
+                int(r.events), float(r.cost), sizes.get(name, 0), int(r.default), int(r.group),
+                int(r.version)]
+        for window, keys in sorted(added.items()):
+            held = self.windows.getValue((window,))
+            if held is None:
+                self.handle.registerTimer(window + s.window_ms)
+                merged: dict[str, list] = {}
+                version, t_ns, c_ns = 0, 0, 0
+            else:
+                merged = {k: [e, c, b, d, g, 0] for k, e, c, b, d, g in zip(*held[:6])}
+                version, t_ns, c_ns = int(held[6]), int(held[7]), int(held[8])
+            events = 0
+            for k, (e, c, b, d, g, v) in keys.items():
+                old = merged.get(k)
+                merged[k] = ([e, c, b, d, g, v] if old is None
+                             else [old[0] + e, old[1] + c, max(old[2], b), d, g, v])
+                events += e
+                version = max(version, v)
+            share = events / total
+            names = list(merged)
+            self.windows.updateValue((window,), (
+                names, [merged[k][0] for k in names], [merged[k][1] for k in names],
+                [merged[k][2] for k in names], [merged[k][3] for k in names],
+                [merged[k][4] for k in names], version, t_ns + round(task_ns * share),
+                c_ns + round(cpu_ns * share)))
+
+    def _close_windows(self, instance: int, now: int) -> Iterator[pd.DataFrame]:
+        """Histogram rows of the windows that ended by ``now`` (watermark or batch time)."""
+        s = self.settings
+        closing = [(int(w[0]), v) for w, v in self.windows.iterator()
+                   if int(w[0]) + s.window_ms <= now]
+        if not closing:
+            return
+        partition = _partition_id()
+        rows: list[dict[str, Any]] = []
+        for window, (keys, events, costs, sizes, defaults, groups, version, t_ns, c_ns) in closing:
+            rows += [{"rb_kind": KEY_ROW, "rb_key": k, "rb_window": window,
+                      "rb_instance": instance, "rb_partition": partition,
+                      "rb_default": int(d), "rb_group": int(g), "rb_version": int(version),
+                      "rb_events": int(e), "rb_cost": float(c), "rb_bytes": int(b)}
+                     for k, e, c, b, d, g in zip(keys, events, costs, sizes, defaults, groups)]
+            rows.append({"rb_kind": INSTANCE_ROW, "rb_window": window, "rb_instance": instance,
+                         "rb_partition": partition, "rb_version": int(version),
+                         "rb_events": int(sum(events)), "rb_cost": float(sum(costs)),
+                         "rb_keys": len(keys), "rb_task_ms": int(t_ns) / 1e6,
+                         "rb_cpu_ms": int(c_ns) / 1e6})
+            self.windows.removeKey((window,))
+        yield self._host_rows(rows, self.settings.output_columns)
+
+    # ------------------------------------------------------------------ moves
+
+    def _give_away(self, marker: Any, instance: int,
+                   timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        """Export every key the marker's routing places on another instance."""
+        s = self.settings
+        routing = dict(zip(marker["rb_routing_keys"], (int(i) for i in
+                                                        marker["rb_routing_instances"])))
+        version = int(marker["rb_version"])
+        keys = self.scope.held_keys()
+        names = [str(k) for k in keys]
+        defaults = default_instances(names, s.n_instances) if names else []
+        partition = _partition_id()
+        rows: list[dict[str, Any]] = []
+        for value, name, default in zip(keys, names, defaults):
+            target = routing.get(name, int(default))
+            if target == instance:
+                continue
+            self.scope.enter(value, timerValues.getCurrentProcessingTimeInMs())
+            state = self.scope.export_key()
+            payload = {"key": value, **state,
+                       "processing_ms": timerValues.getCurrentProcessingTimeInMs(),
+                       "watermark_ms": timerValues.getCurrentWatermarkInMs()}
+            rows.append({"rb_kind": HANDOFF, "rb_key": name, "rb_instance": target,
+                         "rb_label": s.labels[target], "rb_partition": partition,
+                         "rb_version": version, "rb_payload": pickle.dumps(payload)})
+        rows.append({"rb_kind": EXPORTED, "rb_instance": instance, "rb_partition": partition,
+                     "rb_version": version, "rb_keys": len(rows)})
+        yield self._host_rows(rows, s.output_columns)
+
+    def _take_over(self, payload: dict[str, Any],
+                   timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        """Take a moved key's state; fire the timers its old instance would have fired at
+        the end of the export batch, with that batch's timer values."""
+        value = payload["key"]
+        self.scope.enter(value, timerValues.getCurrentProcessingTimeInMs())
+        self.scope.import_key(payload)
+        then = TimerValues(payload["processing_ms"], payload["watermark_ms"])
+        due_by = (payload["watermark_ms"] if self.settings.time_mode.lower() == "eventtime"
+                  else payload["processing_ms"])
+        for ts in sorted(t for t in payload["timers"] if t <= due_by):
+            self.scope.enter(value, payload["processing_ms"])
+            if self.scope.take_timer(ts):
+                for out in self.processor.handleExpiredTimer((value,), then, ExpiredTimerInfo(ts)):
+                    yield self._user_rows(out)

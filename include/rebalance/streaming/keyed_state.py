@@ -1,0 +1,400 @@
+"""Per-key state and timers for a user's StatefulProcessor run under the rebalancer.
+
+The rebalanced operator groups events by *instance* (one grouping value per instance,
+:mod:`rebalance.streaming.routing`), so Spark's handle is one per instance. Each user
+state variable is kept in one MapState of that handle whose map key is the user's key:
+
+* ``ValueState(name)`` -> ``u:name``: user key -> the user's value (Spark's own TTL on
+  the entry: an update resets it, exactly as for a ValueState);
+* ``ListState(name)`` -> ``u:name``: user key -> ``(items, expires)``, the list and each
+  element's expiry (TTL per element, as Spark's ListState; NULL without TTL);
+* ``MapState(name)`` -> ``u:name``: user key -> ``(keys, values, expires)``.
+
+Timers: ``t:keys`` (user key -> its timer timestamps) and ``t:due`` (timestamp -> the
+keys that registered it), plus one real timer per timestamp on the instance. A timer
+that fires looks up its keys (no scan); a deleted timer is dropped from ``t:keys`` and
+skipped when its timestamp fires.
+
+:class:`KeyScope` is the handle the user's processor sees: the same methods as
+``StatefulProcessorHandle``, acting on the key it is set to (:meth:`KeyScope.enter`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.types import ArrayType, DataType, LongType, StructField, StructType
+
+#: Prefix of the instance handle's state variables that hold user variables.
+USER_PREFIX = "u:"
+TIMER_KEYS, TIMER_DUE = "t:keys", "t:due"
+
+
+class ContractError(ValueError):
+    """A part of Spark's StatefulProcessor contract the rebalancer cannot honour."""
+
+
+def as_struct(schema: StructType | str, what: str, parse=None) -> StructType:
+    """A user schema (StructType or DDL) as a StructType; ``parse`` parses DDL (in a Python
+    worker, the state server's parser: there is no JVM gateway there)."""
+    if isinstance(schema, StructType):
+        return schema
+    if isinstance(schema, str):
+        if parse is None:
+            from pyspark.sql.types import _parse_datatype_string as parse
+        parsed = parse(schema)
+        if isinstance(parsed, StructType):
+            return parsed
+    raise ContractError(f"{what} must be a StructType or a DDL string of columns, got {schema!r}")
+
+
+def value_bytes(value: Any) -> int:
+    """Approximate bytes of a state value as stored (8 per fixed-width field, the
+    encoded length of strings and binaries, recursively through rows and arrays)."""
+    if value is None:
+        return 1
+    if isinstance(value, (bytes, bytearray)):
+        return len(value) + 4
+    if isinstance(value, str):
+        return len(value.encode("utf-8")) + 4
+    if isinstance(value, dict):
+        return 4 + sum(value_bytes(k) + value_bytes(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return 4 + sum(value_bytes(v) for v in value)
+    return 8
+
+
+def _expired(expires: Any, now_ms: int) -> bool:
+    return expires is not None and int(expires) <= now_ms
+
+
+class KeyValueState:
+    """A ValueState of the current key (``ValueState``'s methods)."""
+
+    def __init__(self, scope: KeyScope, state) -> None:
+        self._scope, self._state = scope, state
+
+    def exists(self) -> bool:
+        return self._state.containsKey(self._scope.key)
+
+    def get(self) -> tuple | None:
+        value = self._state.getValue(self._scope.key)
+        self._scope.measure(id(self), value)
+        return value
+
+    def update(self, newValue: tuple) -> None:
+        self._state.updateValue(self._scope.key, newValue)
+        self._scope.measure(id(self), newValue)
+
+    def clear(self) -> None:
+        self._state.removeKey(self._scope.key)
+        self._scope.measure(id(self), None)
+
+
+class KeyListState:
+    """A ListState of the current key, each element with its own TTL expiry."""
+
+    def __init__(self, scope: KeyScope, state, ttl_ms: int | None) -> None:
+        self._scope, self._state, self._ttl = scope, state, ttl_ms
+
+    def _read(self) -> tuple[list, list]:
+        held = self._state.getValue(self._scope.key)
+        if held is None:
+            return [], []
+        now = self._scope.now_ms
+        pairs = [(item, exp) for item, exp in zip(held[0], held[1])
+                 if not _expired(exp, now)]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def _write(self, items: list, expires: list) -> None:
+        if items:
+            self._state.updateValue(self._scope.key, (items, expires))
+            self._scope.measure(id(self), items)
+        else:
+            self._state.removeKey(self._scope.key)
+            self._scope.measure(id(self), None)
+
+    def _expiry(self) -> int | None:
+        return None if self._ttl is None else self._scope.now_ms + self._ttl
+
+    def exists(self) -> bool:
+        return bool(self._read()[0])
+
+    def get(self) -> Iterator[tuple]:
+        items, _ = self._read()
+        self._scope.measure(id(self), items)
+        return iter(items)
+
+    def put(self, newState: list[tuple]) -> None:
+        expiry = self._expiry()
+        self._write(list(newState), [expiry] * len(newState))
+
+    def appendValue(self, newState: tuple) -> None:
+        self.appendList([newState])
+
+    def appendList(self, newState: list[tuple]) -> None:
+        items, expires = self._read()
+        expiry = self._expiry()
+        self._write(items + list(newState), expires + [expiry] * len(newState))
+
+    def clear(self) -> None:
+        self._write([], [])
+
+
+class KeyMapState:
+    """A MapState of the current key, each entry with its own TTL expiry."""
+
+    def __init__(self, scope: KeyScope, state, ttl_ms: int | None) -> None:
+        self._scope, self._state, self._ttl = scope, state, ttl_ms
+
+    def _read(self) -> dict[tuple, tuple[tuple, Any]]:
+        held = self._state.getValue(self._scope.key)
+        if held is None:
+            return {}
+        now = self._scope.now_ms
+        return {tuple(k): (v, e) for k, v, e in zip(held[0], held[1], held[2])
+                if not _expired(e, now)}
+
+    def _write(self, entries: dict[tuple, tuple[tuple, Any]]) -> None:
+        if entries:
+            keys = list(entries)
+            self._state.updateValue(self._scope.key, (
+                keys, [entries[k][0] for k in keys], [entries[k][1] for k in keys]))
+            self._scope.measure(id(self), [keys, [entries[k][0] for k in keys]])
+        else:
+            self._state.removeKey(self._scope.key)
+            self._scope.measure(id(self), None)
+
+    def exists(self) -> bool:
+        return bool(self._read())
+
+    def getValue(self, key: tuple) -> tuple | None:
+        held = self._read().get(tuple(key))
+        return None if held is None else held[0]
+
+    def containsKey(self, key: tuple) -> bool:
+        return tuple(key) in self._read()
+
+    def updateValue(self, key: tuple, value: tuple) -> None:
+        entries = self._read()
+        entries[tuple(key)] = (value, None if self._ttl is None else self._scope.now_ms + self._ttl)
+        self._write(entries)
+
+    def iterator(self) -> Iterator[tuple[tuple, tuple]]:
+        return iter([(k, v) for k, (v, _) in self._read().items()])
+
+    def keys(self) -> Iterator[tuple]:
+        return iter(list(self._read()))
+
+    def values(self) -> Iterator[tuple]:
+        return iter([v for v, _ in self._read().values()])
+
+    def removeKey(self, key: tuple) -> None:
+        entries = self._read()
+        if entries.pop(tuple(key), None) is not None:
+            self._write(entries)
+
+    def clear(self) -> None:
+        self._write({})
+
+
+def _with_expiry(items: DataType) -> StructType:
+    return StructType([StructField("items", ArrayType(items)),
+                       StructField("expires", ArrayType(LongType()))])
+
+
+class KeyScope:
+    """The handle a user's processor gets: Spark's handle methods, for one key at a time.
+
+    ``handle`` is the instance's real ``StatefulProcessorHandle``; ``key_type`` the Spark
+    type of the key column; ``time_mode`` the user's (``None`` refuses timers, as Spark).
+    """
+
+    def __init__(self, handle, key_type: DataType, time_mode: str) -> None:
+        self.handle = handle
+        self.time_mode = time_mode.lower()
+        self.key_schema = StructType([StructField("k", key_type)])
+        self.key: tuple = ()
+        self.now_ms = 0
+        #: user variable name -> (kind, the instance's MapState) in declaration order
+        self.variables: dict[str, tuple[str, Any]] = {}
+        self._sizes: dict[int, int] = {}
+        self._timers = handle.getMapState(TIMER_KEYS, self.key_schema,
+                                          StructType([StructField("ts", ArrayType(LongType()))]))
+        self._due = handle.getMapState(
+            TIMER_DUE, StructType([StructField("ts", LongType())]),
+            StructType([StructField("keys", ArrayType(key_type))]))
+        self._key_timers: list[int] | None = None
+        client = getattr(handle, "_statefulProcessorApiClient", None)
+        self._parse = getattr(client, "_parse_string_schema", None)
+
+    def _struct(self, schema: StructType | str, what: str) -> StructType:
+        return as_struct(schema, what, self._parse)
+
+    # -------------------------------------------------------------- the key in scope
+
+    def enter(self, key: Any, now_ms: int) -> None:
+        """Act on ``key`` (a plain value) from now on; ``now_ms`` is the batch's time."""
+        self.key, self.now_ms = (key,), now_ms
+        self._sizes = {}
+        self._key_timers = None
+
+    def measure(self, variable: int, value: Any) -> None:
+        self._sizes[variable] = 0 if value is None else value_bytes(value)
+
+    def state_bytes(self) -> int:
+        """Bytes of the values the current key's variables held when last touched in scope."""
+        return sum(self._sizes.values())
+
+    # -------------------------------------------------------------- state variables
+
+    def _declare(self, name: str, kind: str, value_schema: StructType, ttl: int | None):
+        if not isinstance(name, str) or not name:
+            raise ContractError(f"a state variable needs a non-empty name, got {name!r}")
+        if name in self.variables and self.variables[name][0] != kind:
+            raise ContractError(f"state variable {name!r} is declared twice with different kinds")
+        if ttl is not None and (not isinstance(ttl, int) or ttl <= 0):
+            raise ContractError(f"state variable {name!r}: ttlDurationMs must be a positive "
+                                f"integer, got {ttl!r}")
+        # Spark's TTL on the entry: exact for a value; for a list or a map the entry
+        # outlives each element's own expiry, so it is evicted once all have expired
+        real = self.handle.getMapState(USER_PREFIX + name, self.key_schema, value_schema, ttl)
+        self.variables[name] = (kind, real)
+        return real
+
+    def getValueState(self, stateName: str, schema: StructType | str,
+                      ttlDurationMs: int | None = None) -> KeyValueState:
+        real = self._declare(stateName, "value", self._struct(schema, f"schema of {stateName!r}"),
+                             ttlDurationMs)
+        return KeyValueState(self, real)
+
+    def getListState(self, stateName: str, schema: StructType | str,
+                     ttlDurationMs: int | None = None) -> KeyListState:
+        items = self._struct(schema, f"schema of {stateName!r}")
+        real = self._declare(stateName, "list", _with_expiry(items), ttlDurationMs)
+        return KeyListState(self, real, ttlDurationMs)
+
+    def getMapState(self, stateName: str, userKeySchema: StructType | str,
+                    valueSchema: StructType | str,
+                    ttlDurationMs: int | None = None) -> KeyMapState:
+        keys = self._struct(userKeySchema, f"key schema of {stateName!r}")
+        values = self._struct(valueSchema, f"value schema of {stateName!r}")
+        layout = StructType([StructField("keys", ArrayType(keys)),
+                             StructField("values", ArrayType(values)),
+                             StructField("expires", ArrayType(LongType()))])
+        real = self._declare(stateName, "map", layout, ttlDurationMs)
+        return KeyMapState(self, real, ttlDurationMs)
+
+    def deleteIfExists(self, stateName: str) -> None:
+        self.variables.pop(stateName, None)
+        self.handle.deleteIfExists(USER_PREFIX + stateName)
+
+    # -------------------------------------------------------------- timers
+
+    def _check_timers(self) -> None:
+        if self.time_mode not in ("eventtime", "processingtime"):
+            raise ContractError("timers need time_mode 'EventTime' or 'ProcessingTime' "
+                                f"(the processor runs with {self.time_mode!r})")
+
+    def listTimers(self) -> Iterator[int]:
+        self._check_timers()
+        return iter(sorted(self._own_timers()))
+
+    def _own_timers(self) -> list[int]:
+        if self._key_timers is None:
+            held = self._timers.getValue(self.key)
+            self._key_timers = [int(t) for t in held[0]] if held is not None else []
+        return self._key_timers
+
+    def _save_timers(self) -> None:
+        if self._key_timers:
+            self._timers.updateValue(self.key, (sorted(self._key_timers),))
+        else:
+            self._timers.removeKey(self.key)
+
+    def registerTimer(self, expiryTimestampMs: int) -> None:
+        self._check_timers()
+        ts = int(expiryTimestampMs)
+        own = self._own_timers()
+        if ts in own:
+            return
+        own.append(ts)
+        self._save_timers()
+        due = self._due.getValue((ts,))
+        keys = list(due[0]) if due is not None else []
+        if self.key[0] not in keys:
+            self._due.updateValue((ts,), (keys + [self.key[0]],))
+        self.handle.registerTimer(ts)
+
+    def deleteTimer(self, expiryTimestampMs: int) -> None:
+        self._check_timers()
+        ts = int(expiryTimestampMs)
+        own = self._own_timers()
+        if ts in own:
+            own.remove(ts)
+            self._save_timers()   # ``t:due`` keeps the key; it is skipped when ts fires
+
+    def keys_due(self, ts: int) -> list[Any]:
+        """Keys whose timer ``ts`` is registered (for the instance's timer at ``ts``);
+        forgets ``ts`` in ``t:due``."""
+        due = self._due.getValue((int(ts),))
+        if due is None:
+            return []
+        self._due.removeKey((int(ts),))
+        return list(dict.fromkeys(due[0]))
+
+    def take_timer(self, ts: int) -> bool:
+        """Whether the current key still has timer ``ts``; removes it (it fires now)."""
+        own = self._own_timers()
+        if int(ts) not in own:
+            return False
+        own.remove(int(ts))
+        self._save_timers()
+        return True
+
+    # -------------------------------------------------------------- moving a key
+
+    def held_keys(self) -> list[Any]:
+        """Every key with a state variable or a timer on this instance (a scan: for moves)."""
+        seen: dict[Any, None] = {}
+        for _, real in self.variables.values():
+            seen.update((k[0], None) for k in real.keys())
+        seen.update((k[0], None) for k in self._timers.keys())
+        return list(seen)
+
+    def export_key(self) -> dict[str, Any]:
+        """The current key's whole state (every variable's stored value and its timers),
+        removed from this instance."""
+        values = {}
+        for name, (_, real) in self.variables.items():
+            held = real.getValue(self.key)
+            if held is not None:
+                values[name] = _plain(held)
+                real.removeKey(self.key)
+        timers = sorted(self._own_timers())
+        self._key_timers = []
+        self._save_timers()
+        return {"values": values, "timers": timers}
+
+    def import_key(self, exported: dict[str, Any]) -> None:
+        """Take over a key's state exported by :meth:`export_key` (current key)."""
+        for name, value in exported["values"].items():
+            if name not in self.variables:
+                raise ContractError(f"moved state has variable {name!r}, which this processor "
+                                    "does not declare")
+            self.variables[name][1].updateValue(self.key, value)
+        for ts in exported["timers"]:
+            self.registerTimer(int(ts))
+
+
+def _plain(value: Any) -> Any:
+    """A state value as plain tuples and lists (Rows pickle with their schema otherwise)."""
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    return value
+

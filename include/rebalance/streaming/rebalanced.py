@@ -1,0 +1,516 @@
+"""Run a user's own StatefulProcessor rebalanced: the public entry point.
+
+The user writes the StatefulProcessor they would give to
+``df.groupBy(key).transformWithStateInPandas(...)`` and runs it through
+:func:`rebalanced` instead::
+
+    job = rebalanced(clicks, key="user_id", processor=Sessionize(),
+                     output_schema=SESSION_SCHEMA, time_mode="EventTime",
+                     event_time="click_time", job="clicks", instances=4)
+    query = job.start(output="/data/sessions", checkpoint="/chk/clicks")
+    query.follow()          # takes every newly published assignment, moving state
+
+The project owns partitioning: every key is routed by the assignment version the query
+runs with (:func:`route_keys`) to one of N instances (instance i is shuffle partition i),
+and each instance runs the user's processor per key (:class:`~rebalance.streaming.host.
+InstanceHost`). The user's output rows go to ``output`` (a Delta path, every batch one
+idempotent commit) or to a ``foreachBatch``-style function; per-window per-key
+histograms go to the job's ``key_histograms`` and ``instance_histograms`` tables, which
+the planner reads.
+
+A move to another assignment version (:meth:`RebalancedQuery.switch`) keeps the
+checkpoint: an ``export`` row per instance enters the stream through the query's control
+table; in that batch every instance gives away, after its events, the keys the new
+version places elsewhere (every variable and timer), written back to the control table
+as ``in`` rows in the same commit that records the switch; the sink refuses the next
+batch, and the query resumes from its checkpoint routed by the new version, the moved
+keys' state arriving in its first batch before their events. A crash at any point
+resumes consistently: the version a batch is routed by is the one recorded for it
+(:func:`resume_version`).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor, StreamingQuery
+from pyspark.sql.types import (
+    ByteType,
+    DateType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from rebalance.spark import tables
+from rebalance.spark.jobs import LIVE, record_start
+from rebalance.streaming.host import (
+    EXPORT,
+    EXPORTED,
+    HANDOFF,
+    HOST_INPUT,
+    HOST_OUTPUT,
+    IN,
+    INSTANCE_ROW,
+    KEY_ROW,
+    OUT,
+    HostSettings,
+    InstanceHost,
+)
+from rebalance.streaming.keyed_state import ContractError, as_struct
+from rebalance.streaming.routing import (
+    default_instance_col,
+    instance_labels,
+    key_group_col,
+    label_col,
+    routes,
+)
+
+log = logging.getLogger(__name__)
+
+TIME_MODES = {"none": "None", "processingtime": "ProcessingTime", "eventtime": "EventTime"}
+OUTPUT_MODES = {"append": "Append", "update": "Update"}
+#: Key column types: routed by their string form, held in state with their own type.
+KEY_TYPES = (StringType, IntegerType, LongType, ShortType, ByteType, DateType, TimestampType,
+             TimestampNTZType)
+
+#: The query's control table (under its checkpoint): moves in, and their record.
+CONTROL_DDL = ("kind STRING, label INT, version BIGINT, batch_id BIGINT, payload BINARY, "
+               "routing_keys ARRAY<STRING>, routing_instances ARRAY<INT>")
+#: A row of the control table saying: batches after ``batch_id`` run with ``version``.
+SWITCHED = "switched"
+
+
+class SwitchBoundary(RuntimeError):
+    """The sink refused a batch after a move's export batch (the query resumes re-routed)."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ContractError(message)
+
+
+@dataclass(frozen=True)
+class RebalancedStream:
+    """A user's processor over a stream, checked, ready to start (:func:`rebalanced`)."""
+
+    df: DataFrame
+    key: str
+    processor: StatefulProcessor
+    output_schema: StructType
+    output_mode: str
+    time_mode: str
+    event_time: str | None
+    cost: str | None
+    job: str
+    instances: int
+    tables_root: str | None
+    window_ms: int
+
+    def start(self, output: str | Callable[[DataFrame, int], None], checkpoint: str,
+              trigger_seconds: float | None = 1.0) -> RebalancedQuery:
+        """Start the query: user rows to ``output`` (a Delta path, or a function called
+        with each batch's rows and batch id), state under ``checkpoint``. ``trigger_seconds``
+        None processes what is available and stops."""
+        _check(isinstance(checkpoint, str) and bool(checkpoint),
+               "checkpoint must be a path, got {checkpoint!r}")
+        _check(callable(output) or (isinstance(output, str) and bool(output)),
+               f"output must be a Delta path or a function(batch_df, batch_id), got {output!r}")
+        query = RebalancedQuery(self, output, checkpoint, trigger_seconds)
+        query.start()
+        return query
+
+
+def rebalanced(df: DataFrame, *, key: str, processor: StatefulProcessor,
+               output_schema: StructType | str, time_mode: str = "None",
+               output_mode: str = "Append", event_time: str | None = None,
+               cost: str | None = None, job: str, instances: int,
+               tables_root: str | None = None, window_seconds: float = 20.0) -> RebalancedStream:
+    """``df.groupBy(key).transformWithStateInPandas(processor, output_schema, output_mode,
+    time_mode)``, rebalanced over ``instances`` instances.
+
+    ``event_time`` (required with time_mode EventTime: the column ``df``'s watermark is on)
+    places each event in a histogram window of ``window_seconds``; otherwise windows are by
+    batch time. ``cost`` names a numeric column that is an event's cost (default 1).
+    Refuses, in one line naming it, any part of Spark's contract it cannot honour."""
+    _check(isinstance(processor, StatefulProcessor),
+           f"processor must be a pyspark StatefulProcessor instance, got {type(processor).__name__}")
+    _check(isinstance(key, str), f"key must be the name of one column, got {key!r}")
+    _check(key in df.columns, f"key column {key!r} is not a column of the stream "
+                              f"({', '.join(df.columns)})")
+    key_type = df.schema[key].dataType
+    _check(isinstance(key_type, KEY_TYPES),
+           f"key column {key!r} has type {key_type.simpleString()}; rebalanced() takes keys of "
+           "type string, integer, date or timestamp")
+    schema = as_struct(output_schema, "output_schema")
+    clash = [n for n in schema.fieldNames() + df.columns if n.startswith("rb_")]
+    _check(not clash, f"column names starting with 'rb_' are the rebalancer's: {clash}")
+    _check(isinstance(time_mode, str) and time_mode.lower() in TIME_MODES,
+           f"time_mode must be one of None, ProcessingTime, EventTime, got {time_mode!r}")
+    _check(isinstance(output_mode, str) and output_mode.lower() in OUTPUT_MODES,
+           f"output_mode must be Append or Update (transformWithState has no Complete), "
+           f"got {output_mode!r}")
+    mode = TIME_MODES[time_mode.lower()]
+    if mode == "EventTime":
+        _check(event_time is not None, "time_mode EventTime needs event_time, the column "
+                                       "the stream's watermark is on")
+    if event_time is not None:
+        _check(event_time in df.columns, f"event_time column {event_time!r} is not a column")
+        _check(isinstance(df.schema[event_time].dataType, TimestampType),
+               f"event_time column {event_time!r} must be a timestamp")
+    if cost is not None:
+        _check(cost in df.columns, f"cost column {cost!r} is not a column")
+    _check(isinstance(instances, int) and instances >= 1,
+           f"instances must be an integer >= 1, got {instances!r}")
+    _check(isinstance(job, str) and re.fullmatch(r"[A-Za-z0-9_-]+", job or "") is not None,
+           f"job must be letters, digits, '-' or '_', got {job!r}")
+    _check(window_seconds > 0, f"window_seconds must be > 0, got {window_seconds!r}")
+    _check(type(processor).handleInitialState is StatefulProcessor.handleInitialState,
+           f"{type(processor).__name__} defines handleInitialState; rebalanced() does not take "
+           "an initial state")
+    return RebalancedStream(df, key, processor, schema, OUTPUT_MODES[output_mode.lower()], mode,
+                            event_time, cost, job, instances, tables_root,
+                            int(round(window_seconds * 1000)))
+
+
+# --------------------------------------------------------------------------- the stream
+
+def route_keys(df: DataFrame, key: str, assignment_rows: DataFrame, n_instances: int) -> DataFrame:
+    """Add ``rb_key`` (the key as a string), ``rb_group``, ``rb_default``, ``rb_label``
+    and ``rb_version``: the instance of each event's key under one assignment version (its
+    routing table, else the default placement). A split key fails the batch: a user's
+    processor has no merge of partial results."""
+    keyed = df.withColumn("rb_key", F.col(key).cast("string"))
+    version = assignment_rows.agg(F.coalesce(F.max("assignment_version"), F.lit(0))
+                                  .cast("bigint").alias("rb_version"))
+    table = routes(assignment_rows).select(F.col("key").alias("rb_key"), "_instances")
+    routed = (keyed.withColumn("rb_group", key_group_col(F.col("rb_key")))
+              .withColumn("rb_default", default_instance_col(F.col("rb_group"), n_instances))
+              .join(F.broadcast(table), "rb_key", "left")
+              .crossJoin(F.broadcast(version)))
+    whole = F.when(F.size("_instances") > 1, F.raise_error(F.concat(
+        F.lit("assignment splits key "), F.col("rb_key"),
+        F.lit(" but the processor does not merge partial results")))).otherwise(
+        F.element_at("_instances", 1))
+    instance = F.coalesce(whole, F.col("rb_default")).cast("int")
+    checked = F.when(instance.between(0, n_instances - 1), instance).otherwise(F.raise_error(
+        F.concat(F.lit("assignment routes key "), F.col("rb_key"), F.lit(" outside the "),
+                 F.lit(str(n_instances)), F.lit(" instances"))))
+    return routed.withColumn("rb_label", label_col(checked, n_instances)).drop("_instances")
+
+
+def _window_col(stream: RebalancedStream) -> Column:
+    if stream.event_time is None:
+        return F.lit(None).cast("bigint")
+    ms = F.unix_millis(F.col(stream.event_time))
+    return (ms - F.pmod(ms, F.lit(stream.window_ms))).cast("bigint")
+
+
+def operator_output(stream: RebalancedStream, assignment_rows: DataFrame,
+                    control: DataFrame) -> DataFrame:
+    """The host operator over the routed events and the control rows (union output)."""
+    df = stream.df
+    user_columns = df.columns
+    cost = F.col(stream.cost).cast("double") if stream.cost else F.lit(1.0)
+    routed = route_keys(df, stream.key, assignment_rows, stream.instances)
+    events = routed.select(
+        *user_columns, "rb_label", "rb_key", _window_col(stream).alias("rb_window"),
+        cost.alias("rb_cost"), "rb_version", "rb_default", "rb_group",
+        *[F.lit(None).cast(f.dataType).alias(f.name) for f in HOST_INPUT.fields
+          if f.name in ("rb_control", "rb_payload", "rb_routing_keys",
+                        "rb_routing_instances")])
+    controls = control.where(F.col("kind").isin(EXPORT, IN)).select(
+        *[F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields],
+        F.col("label").alias("rb_label"), F.lit(None).cast("string").alias("rb_key"),
+        F.lit(None).cast("bigint").alias("rb_window"), F.lit(None).cast("double").alias("rb_cost"),
+        F.col("version").alias("rb_version"), F.lit(None).cast("int").alias("rb_default"),
+        F.lit(None).cast("int").alias("rb_group"), F.col("kind").alias("rb_control"),
+        F.col("payload").alias("rb_payload"), F.col("routing_keys").alias("rb_routing_keys"),
+        F.col("routing_instances").alias("rb_routing_instances"))
+    labels = instance_labels(stream.instances)
+    settings = HostSettings(stream.key, df.schema[stream.key].dataType, tuple(user_columns),
+                            tuple(stream.output_schema.fieldNames()), stream.time_mode,
+                            stream.instances, labels, stream.window_ms)
+    host_mode = "ProcessingTime" if stream.time_mode == "None" else stream.time_mode
+    out_schema = StructType(list(stream.output_schema.fields) + list(HOST_OUTPUT.fields))
+    return (events.unionByName(controls).groupBy("rb_label").transformWithStateInPandas(
+        InstanceHost(stream.processor, settings), out_schema, stream.output_mode, host_mode))
+
+
+# --------------------------------------------------------------------------- control table
+
+def control_path(checkpoint: str) -> str:
+    return str(Path(checkpoint) / "_rebalance" / "control")
+
+
+def ensure_control(spark: SparkSession, checkpoint: str) -> str:
+    path = control_path(checkpoint)
+    if not (Path(path) / "_delta_log").exists():
+        spark.createDataFrame([], CONTROL_DDL).write.format("delta").mode("ignore").save(path)
+    return path
+
+
+def switches(spark: SparkSession, checkpoint: str) -> list[tuple[int, int]]:
+    """(batch id, version) of every recorded switch, in order."""
+    rows = (spark.read.format("delta").load(control_path(checkpoint))
+            .where(F.col("kind") == SWITCHED).select("batch_id", "version").collect())
+    return sorted((int(r.batch_id), int(r.version)) for r in rows)
+
+
+def last_committed_batch(checkpoint: str) -> int | None:
+    """The newest batch id in the checkpoint's commit log (None before the first)."""
+    commits = Path(checkpoint) / "commits"
+    ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.exists() else []
+    return max(ids) if ids else None
+
+
+def resume_version(spark: SparkSession, checkpoint: str, first_version: int) -> int:
+    """The version the query's next batch runs with: that of the newest switch whose export
+    batch the checkpoint committed (an uncommitted export batch replays with the version it
+    first ran with), else ``first_version``."""
+    done = last_committed_batch(checkpoint)
+    version = first_version
+    for batch_id, switched_to in switches(spark, checkpoint):
+        if done is not None and batch_id <= done:
+            version = switched_to
+    return version
+
+
+# --------------------------------------------------------------------------- the sink
+
+@dataclass
+class RebalancedSink:
+    """``foreachBatch`` of a rebalanced query: user rows, histograms and moves, each batch
+    written once (Delta transactions keyed by the query id and batch id)."""
+
+    spark: SparkSession
+    stream: RebalancedStream
+    output: str | Callable[[DataFrame, int], None]
+    checkpoint: str
+    version: int
+    query_id: str = ""
+    #: the export batch of the move under way: later batches are refused
+    switched_at: int | None = None
+    switched: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if self.switched_at is not None and batch_id > self.switched_at:
+            raise SwitchBoundary(f"batch {batch_id} follows the move of batch "
+                                 f"{self.switched_at}; the query resumes re-routed")
+        batch.persist()
+        try:
+            kinds = {r.rb_kind: r for r in batch.groupBy("rb_kind").agg(
+                F.max("rb_version").alias("version")).collect()}
+            meta = {"job": self.stream.job, "batch_id": batch_id, "assignment_version": self.version}
+            if OUT in kinds:
+                rows = batch.where(F.col("rb_kind") == OUT).select(
+                    *self.stream.output_schema.fieldNames())
+                if callable(self.output):
+                    self.output(rows, batch_id)
+                else:
+                    (rows.write.format("delta").mode("append")
+                     .option("txnAppId", f"{self.query_id}:out").option("txnVersion", batch_id)
+                     .save(self.output))
+            if KEY_ROW in kinds:
+                tables.append(batch.where(F.col("rb_kind") == KEY_ROW).select(
+                    F.timestamp_millis("rb_window").alias("window_start"),
+                    F.col("rb_key").alias("key"), F.col("rb_events").alias("count"),
+                    F.col("rb_cost").alias("cost"), F.col("rb_bytes").alias("state_bytes"),
+                    F.col("rb_instance").alias("instance"),
+                    F.col("rb_default").alias("default_instance"),
+                    F.col("rb_group").alias("key_group"),
+                    F.col("rb_partition").alias("partition_id"),
+                    F.col("rb_version").alias("assignment_version"),
+                    F.lit(batch_id).cast("bigint").alias("batch_id")).coalesce(1),
+                    tables.KEY_HISTOGRAMS, self.stream.tables_root, metadata=meta,
+                    txn=(f"{self.query_id}:key_histograms", batch_id))
+            if INSTANCE_ROW in kinds:
+                tables.append(batch.where(F.col("rb_kind") == INSTANCE_ROW).select(
+                    F.timestamp_millis("rb_window").alias("window_start"),
+                    F.col("rb_instance").alias("instance"), F.col("rb_cost").alias("load"),
+                    F.col("rb_events").alias("events"), F.col("rb_keys").alias("keys"),
+                    F.col("rb_task_ms").alias("task_ms"), F.col("rb_cpu_ms").alias("cpu_ms"),
+                    F.col("rb_partition").alias("partition_id"),
+                    F.col("rb_version").alias("assignment_version"),
+                    F.lit(batch_id).cast("bigint").alias("batch_id"),
+                    F.lit(None).cast("bigint").alias("duplicates")).coalesce(1),
+                    tables.INSTANCE_HISTOGRAMS, self.stream.tables_root, metadata=meta,
+                    txn=(f"{self.query_id}:instance_histograms", batch_id))
+            if EXPORTED in kinds:
+                # after every other output of the batch: this commit is the switch
+                version = int(kinds[EXPORTED].version)
+                moved = batch.where(F.col("rb_kind") == HANDOFF).select(
+                    F.lit(IN).alias("kind"), F.col("rb_label").alias("label"),
+                    F.col("rb_version").alias("version"),
+                    F.lit(batch_id).cast("bigint").alias("batch_id"),
+                    F.col("rb_payload").alias("payload"))
+                record = self.spark.createDataFrame(
+                    [(SWITCHED, None, version, batch_id, None, None, None)], CONTROL_DDL)
+                (moved.unionByName(record, allowMissingColumns=True).coalesce(1)
+                 .write.format("delta").mode("append")
+                 .option("txnAppId", f"{self.query_id}:control").option("txnVersion", batch_id)
+                 .save(control_path(self.checkpoint)))
+                self.switched_at = batch_id
+                self.switched.set()
+        finally:
+            batch.unpersist()
+
+
+# --------------------------------------------------------------------------- the query
+
+class RebalancedQuery:
+    """A running rebalanced query: its Spark query, the version it runs with, moves."""
+
+    def __init__(self, stream: RebalancedStream, output, checkpoint: str,
+                 trigger_seconds: float | None) -> None:
+        self.stream, self.output, self.checkpoint = stream, output, checkpoint
+        self.trigger_seconds = trigger_seconds
+        self.spark = stream.df.sparkSession
+        self.query: StreamingQuery | None = None
+        self.sink: RebalancedSink | None = None
+        self.version = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.stream.job}-rebalanced"
+
+    def start(self) -> None:
+        """Start (or resume) the query with the version its checkpoint records."""
+        spark, stream = self.spark, self.stream
+        tables.create_assignments(spark, stream.instances, stream.tables_root)
+        for table in (tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS):
+            tables.ensure_table(spark, table, stream.tables_root)
+        ensure_control(spark, self.checkpoint)
+        first = self._first_version(tables.latest_assignment_version(spark, stream.tables_root))
+        self._run(resume_version(spark, self.checkpoint, first))
+
+    def _first_version(self, latest: int) -> int:
+        """The version the checkpoint's first batch ran with (recorded at its first start)."""
+        marker = Path(self.checkpoint) / "_rebalance" / "first_version"
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(str(int(latest)))
+        return int(marker.read_text())
+
+    def _run(self, version: int) -> None:
+        spark, stream = self.spark, self.stream
+        rows = tables.assignment_rows(spark, stream.tables_root, version)
+        control = (spark.readStream.format("delta").option("skipChangeCommits", "true")
+                   .load(control_path(self.checkpoint)))
+        out = operator_output(stream, rows, control)
+        sink = RebalancedSink(spark, stream, self.output, self.checkpoint, version)
+        previous = spark.conf.get("spark.sql.shuffle.partitions")
+        spark.conf.set("spark.sql.shuffle.partitions", str(stream.instances))
+        try:
+            writer = (out.writeStream.queryName(self.name).foreachBatch(sink)
+                      .option("checkpointLocation", self.checkpoint))
+            writer = (writer.trigger(availableNow=True) if self.trigger_seconds is None
+                      else writer.trigger(processingTime=f"{self.trigger_seconds} seconds"))
+            self.query = writer.start()
+        finally:
+            spark.conf.set("spark.sql.shuffle.partitions", previous)
+        sink.query_id = self.query.id
+        self.sink, self.version = sink, version
+        record_start(spark, _JobRecord(stream.job, stream.tables_root), LIVE, app="rebalanced")
+
+    def switch(self, version: int | None = None, timeout_seconds: float = 300.0) -> int:
+        """Move to assignment ``version`` (default: the latest) with every moved key's
+        state; returns the version the query runs with afterwards."""
+        spark, stream = self.spark, self.stream
+        target = tables.read_assignment(spark, version, stream.tables_root)
+        if target.version == self.version:
+            return self.version
+        if target.splits:
+            raise ContractError(f"assignment version {target.version} splits "
+                                f"{len(target.splits)} key(s); {type(stream.processor).__name__} "
+                                "does not declare how partial results merge")
+        keys = sorted(target.routing)
+        markers = [(EXPORT, label, target.version, None, None, keys,
+                    [int(target.routing[k]) for k in keys])
+                   for label in instance_labels(stream.instances)]
+        (spark.createDataFrame(markers, CONTROL_DDL).coalesce(1).write.format("delta")
+         .mode("append").option("txnAppId", f"{self.query.id}:export")
+         .option("txnVersion", target.version).save(control_path(self.checkpoint)))
+        deadline = time.monotonic() + timeout_seconds
+        while not self.sink.switched.wait(1.0):
+            self._check_running()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no batch took the move to version {target.version} in "
+                                   f"{timeout_seconds:.0f} s")
+        self._finish_switch(deadline)
+        return self.version
+
+    def _check_running(self) -> None:
+        if not self.query.isActive and not self.sink.switched.is_set():
+            self.query.awaitTermination()   # raises the query's error
+
+    def _finish_switch(self, deadline: float) -> None:
+        """After the sink recorded a switch: once Spark committed its export batch, stop
+        the query (its next batch is refused anyway) and resume it re-routed."""
+        while (last_committed_batch(self.checkpoint) or -1) < self.sink.switched_at:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"batch {self.sink.switched_at} (a move) did not commit")
+            time.sleep(0.2)
+        self._stop_at_boundary()
+        self._run(resume_version(self.spark, self.checkpoint, self.version))
+
+    def _stop_at_boundary(self) -> None:
+        try:
+            self.query.stop()
+            self.query.awaitTermination()
+        except Exception as exc:  # noqa: BLE001 - the refused batch after the move ends it
+            if "SwitchBoundary" not in str(exc) and "follows the move" not in str(exc):
+                raise
+
+    def follow(self, poll_seconds: float = 5.0, stop: threading.Event | None = None) -> None:
+        """Take every newly published assignment version until ``stop`` is set."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            if self.sink.switched.is_set():      # a move recovered at start completed
+                self._finish_switch(time.monotonic() + 300)
+            latest = tables.latest_assignment_version(self.spark, self.stream.tables_root)
+            if latest != self.version:
+                self.switch(latest)
+            self._check_running()
+            stop.wait(poll_seconds)
+
+    def process_all_available(self) -> None:
+        """Block until everything available now is processed (moves under way finished)."""
+        while True:
+            try:
+                self.query.processAllAvailable()
+            except Exception:  # noqa: BLE001 - the batch after a move is refused
+                if not self.sink.switched.is_set():
+                    raise
+            if not self.sink.switched.is_set():
+                return
+            self._finish_switch(time.monotonic() + 300)
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self._stop_at_boundary()
+
+
+@dataclass(frozen=True)
+class _JobRecord:
+    name: str
+    tables_root: str | None
+
+
+def payload_of(row: Any) -> dict[str, Any]:
+    """A control row's moved state, unpickled (for inspection and tests)."""
+    return pickle.loads(row.payload)
