@@ -445,6 +445,7 @@ class RebalancedQuery:
         (spark.createDataFrame(markers, CONTROL_DDL).coalesce(1).write.format("delta")
          .mode("append").option("txnAppId", f"{self.query.id}:export")
          .option("txnVersion", target.version).save(control_path(self.checkpoint)))
+        self.resume()
         deadline = time.monotonic() + timeout_seconds
         while not self.sink.switched.wait(1.0):
             self._check_running()
@@ -488,11 +489,22 @@ class RebalancedQuery:
             self._check_running()
             stop.wait(poll_seconds)
 
+    def resume(self) -> None:
+        """Start the query again if it ended (``trigger_seconds`` None: it stops once it
+        processed what was available)."""
+        if not self.query.isActive:
+            self._stop_at_boundary()
+            self._run(resume_version(self.spark, self.checkpoint, self.version))
+
     def process_all_available(self) -> None:
-        """Block until everything available now is processed (moves under way finished)."""
+        """Block until everything available now is processed (moves under way finished).
+        With ``trigger_seconds`` None, until the query ended."""
         while True:
             try:
-                self.query.processAllAvailable()
+                if self.trigger_seconds is None:
+                    self.query.awaitTermination()
+                else:
+                    self.query.processAllAvailable()
             except Exception:  # noqa: BLE001 - the batch after a move is refused
                 if not self.sink.switched.is_set():
                     raise
