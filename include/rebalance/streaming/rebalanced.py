@@ -31,7 +31,6 @@ resumes consistently: the version a batch is routed by is the one recorded for i
 
 from __future__ import annotations
 
-import logging
 import pickle
 import re
 import threading
@@ -80,8 +79,6 @@ from rebalance.streaming.routing import (
     routes,
 )
 
-log = logging.getLogger(__name__)
-
 TIME_MODES = {"none": "None", "processingtime": "ProcessingTime", "eventtime": "EventTime"}
 OUTPUT_MODES = {"append": "Append", "update": "Update"}
 #: Key column types: routed by their string form, held in state with their own type.
@@ -94,15 +91,12 @@ CONTROL_DDL = ("kind STRING, label INT, version BIGINT, batch_id BIGINT, payload
 #: A row of the control table saying: batches after ``batch_id`` run with ``version``.
 SWITCHED = "switched"
 
-
 class SwitchBoundary(RuntimeError):
     """The sink refused a batch after a move's export batch (the query resumes re-routed)."""
-
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ContractError(message)
-
 
 @dataclass(frozen=True)
 class RebalancedStream:
@@ -133,7 +127,6 @@ class RebalancedStream:
         query = RebalancedQuery(self, output, checkpoint, trigger_seconds)
         query.start()
         return query
-
 
 def rebalanced(df: DataFrame, *, key: str, processor: StatefulProcessor,
                output_schema: StructType | str, time_mode: str = "None",
@@ -186,7 +179,6 @@ def rebalanced(df: DataFrame, *, key: str, processor: StatefulProcessor,
                             event_time, cost, job, instances, tables_root,
                             int(round(window_seconds * 1000)))
 
-
 # --------------------------------------------------------------------------- the stream
 
 def route_keys(df: DataFrame, key: str, assignment_rows: DataFrame, n_instances: int) -> DataFrame:
@@ -212,13 +204,11 @@ def route_keys(df: DataFrame, key: str, assignment_rows: DataFrame, n_instances:
                  F.lit(str(n_instances)), F.lit(" instances"))))
     return routed.withColumn("rb_label", label_col(checked, n_instances)).drop("_instances")
 
-
 def _window_col(stream: RebalancedStream) -> Column:
     if stream.event_time is None:
         return F.lit(None).cast("bigint")
     ms = F.unix_millis(F.col(stream.event_time))
     return (ms - F.pmod(ms, F.lit(stream.window_ms))).cast("bigint")
-
 
 def operator_output(stream: RebalancedStream, assignment_rows: DataFrame,
                     control: DataFrame) -> DataFrame:
@@ -250,12 +240,10 @@ def operator_output(stream: RebalancedStream, assignment_rows: DataFrame,
     return (events.unionByName(controls).groupBy("rb_label").transformWithStateInPandas(
         InstanceHost(stream.processor, settings), out_schema, stream.output_mode, host_mode))
 
-
 # --------------------------------------------------------------------------- control table
 
 def control_path(checkpoint: str) -> str:
     return str(Path(checkpoint) / "_rebalance" / "control")
-
 
 def ensure_control(spark: SparkSession, checkpoint: str) -> str:
     path = control_path(checkpoint)
@@ -263,20 +251,17 @@ def ensure_control(spark: SparkSession, checkpoint: str) -> str:
         spark.createDataFrame([], CONTROL_DDL).write.format("delta").mode("ignore").save(path)
     return path
 
-
 def switches(spark: SparkSession, checkpoint: str) -> list[tuple[int, int]]:
     """(batch id, version) of every recorded switch, in order."""
     rows = (spark.read.format("delta").load(control_path(checkpoint))
             .where(F.col("kind") == SWITCHED).select("batch_id", "version").collect())
     return sorted((int(r.batch_id), int(r.version)) for r in rows)
 
-
 def last_committed_batch(checkpoint: str) -> int | None:
     """The newest batch id in the checkpoint's commit log (None before the first)."""
     commits = Path(checkpoint) / "commits"
     ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.exists() else []
     return max(ids) if ids else None
-
 
 def resume_version(spark: SparkSession, checkpoint: str, first_version: int) -> int:
     """The version the query's next batch runs with: that of the newest switch whose export
@@ -288,7 +273,6 @@ def resume_version(spark: SparkSession, checkpoint: str, first_version: int) -> 
         if done is not None and batch_id <= done:
             version = switched_to
     return version
-
 
 # --------------------------------------------------------------------------- the sink
 
@@ -368,7 +352,6 @@ class RebalancedSink:
                 self.switched.set()
         finally:
             batch.unpersist()
-
 
 # --------------------------------------------------------------------------- the query
 
@@ -516,12 +499,10 @@ class RebalancedQuery:
         if self.query is not None:
             self._stop_at_boundary()
 
-
 @dataclass(frozen=True)
 class _JobRecord:
     name: str
     tables_root: str | None
-
 
 def payload_of(row: Any) -> dict[str, Any]:
     """A control row's moved state, unpickled (for inspection and tests)."""
