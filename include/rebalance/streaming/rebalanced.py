@@ -71,6 +71,7 @@ from rebalance.streaming.host import (
     InstanceHost,
 )
 from rebalance.streaming.keyed_state import ContractError, as_struct
+from rebalance.streaming.restart_checkpoint import log_ids
 from rebalance.streaming.routing import (
     default_instance_col,
     instance_labels,
@@ -259,9 +260,8 @@ def switches(spark: SparkSession, checkpoint: str) -> list[tuple[int, int]]:
 
 def last_committed_batch(checkpoint: str) -> int | None:
     """The newest batch id in the checkpoint's commit log (None before the first)."""
-    commits = Path(checkpoint) / "commits"
-    ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.exists() else []
-    return max(ids) if ids else None
+    ids = log_ids(Path(checkpoint) / "commits")
+    return ids[-1] if ids else None
 
 def resume_version(spark: SparkSession, checkpoint: str, first_version: int) -> int:
     """The version the query's next batch runs with: that of the newest switch whose export
