@@ -49,8 +49,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("REBALANCE_TEST_SHOTS", REPO / ".data" / "test-shots"))
 #: From the stack being up on the 30-s schedule (or the switch to it) to a scheduled plan
-#: applied and verified: about a minute on a quiet machine; a loaded one gets more.
-SCHEDULED_PLAN_TIMEOUT = 9 * 60
+#: applied and verified: about a minute on a quiet machine; 11.5 min on one twice as slow
+#: (2026-12-02: the job, warming up beside the Connect server, lagged its input by minutes).
+SCHEDULED_PLAN_TIMEOUT = 15 * 60
 
 
 class Api(AirflowClient):
