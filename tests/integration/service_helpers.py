@@ -359,8 +359,9 @@ def stack_settings(root: Path):
     micro-batches every 2 s [10], generator batches of 10 s [10] at 800 events/s [200]: a
     window holds about 4000 events, as production's does, so a plan's verification on one
     window is as steady as there (batches of 10 s halve the generator's appends on the
-    Spark Connect server, whose CPU the job's micro-batches need on a slow machine). The hot keys do not shift during a session (every 3600 s
-    [600]): a verified plan is compared with windows of the load it was planned on. The
+    Spark Connect server, whose CPU the job's micro-batches need on a slow machine). The
+    hot keys do not shift during a session (every 3600 s [600]): a verified plan is
+    compared with windows of the load it was planned on. The
     job reads restart requests every 2 s [10]; a run waits 40 s [90] for its interval's
     last windows, its waits look again every 1.25 s [5], a failed task is retried after
     5 s [30]. Temporary Airflow home and data folder, free loopback ports."""

@@ -7,8 +7,9 @@ moves the three busiest keys to other instances:
 
 * examples/sessions.py: a ValueState per user and an event-time timer at the last
   click + 30 minutes (the moved users have open sessions and pending timers);
-* (not yet here: examples/device_readings.py runs in ProcessingTime mode, where Spark
-  runs a batch at every trigger, so "everything processed" needs another wait.)
+* examples/device_readings.py: a MapState of the ids seen with a one-hour TTL and a
+  ListState of the last readings per device, in ProcessingTime mode (retries of a
+  reading arrive in the same and in later micro-batches, across the move).
 
 The outputs are equal as multisets; each moved key's state arrived exactly once; the
 histograms count every event under the instance that processed it.
@@ -38,6 +39,7 @@ def _example(name: str):
 
 
 sessions = _example("sessions")
+devices = _example("device_readings")
 
 
 def _clicks(n_users: int = 24, n_phases: int = 2, batches: int = 4, seed: int = 3):
@@ -75,15 +77,15 @@ def _run_both(spark, root: Path, phases, *, make, in_schema, out_schema, key, ti
     """The processor on the same phases under plain Spark and under rebalanced() with a
     move of the three busiest keys between the phases; both outputs and what the move did."""
     from rebalance.spark import tables
-    from rebalance.streaming.rebalanced import rebalanced, switches
+    from rebalance.streaming.rebalanced import rebalanced, switches, wait_caught_up
 
     plain_in, reb_in = str(root / "plain_in"), str(root / "reb_in")
     plain_out, reb_out = str(root / "plain_out"), str(root / "reb_out")
     tables_root = str(root / "tables")
     for frame in phases[0]:
         _write(spark, plain_in, frame, in_schema)
-    # ProcessingTime mode runs a batch at every trigger (processing-time timers and TTL),
-    # so "all processed" is only known with availableNow: one query run per phase
+    # EventTime runs here with availableNow (one query run per phase); ProcessingTime mode
+    # runs a batch at every trigger (timers, TTL), so it waits until a batch read no row
     def plain_run():
         writer = (_stream(spark, plain_in, watermark).groupBy(key)
                   .transformWithStateInPandas(make(), out_schema, "Append", time_mode)
@@ -93,13 +95,13 @@ def _run_both(spark, root: Path, phases, *, make, in_schema, out_schema, key, ti
                 else writer.trigger(processingTime="1 second")).start(plain_out)
 
     plain = plain_run()
-    plain.awaitTermination() if available_now else plain.processAllAvailable()
+    plain.awaitTermination() if available_now else wait_caught_up(plain)
     for frame in phases[1]:
         _write(spark, plain_in, frame, in_schema)
     if available_now:
         plain_run().awaitTermination()
     else:
-        plain.processAllAvailable()
+        wait_caught_up(plain)
         plain.stop()
 
     for frame in phases[0]:
@@ -171,6 +173,148 @@ def test_histograms_count_every_click_on_its_instance(scenario):
     clicks = scenario["inputs"]["user_id"].value_counts()
     assert (closed <= clicks.reindex(closed.index)).all()
     assert closed.sum() > 0.5 * len(scenario["inputs"])
+
+
+#: The rebalanced side in a process of its own (argv: repo, root, step, moves as JSON):
+#: ``move`` catches up on the input, publishes the moves and switches to them (the test
+#: kills it meanwhile); ``resume`` restarts from the checkpoint and processes everything.
+DRIVER_CHILD = r'''
+import importlib.util, json, sys
+from pathlib import Path
+repo, root, step, moves = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+spec = importlib.util.spec_from_file_location("example_sessions", repo / "examples" / "sessions.py")
+sessions = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sessions)
+from rebalance.spark import tables
+from rebalance.spark.session import get_spark
+from rebalance.streaming.rebalanced import rebalanced
+spark = get_spark("kill-during-a-move", master="local[2]")
+spark.conf.set("spark.sql.session.timeZone", "UTC")
+# a phase per micro-batch (the sessions do not depend on how the clicks are batched)
+clicks = (spark.readStream.format("delta").option("maxFilesPerTrigger", 4)
+          .load(str(root / "in")).withWatermark("click_time", "10 minutes"))
+job = rebalanced(clicks, key="user_id", processor=sessions.Sessionize(),
+                 output_schema=sessions.SESSION_SCHEMA, time_mode="EventTime",
+                 event_time="click_time", job="sessions", instances=3,
+                 tables_root=str(root / "tables"), window_seconds=600)
+query = job.start(output=str(root / "out"), checkpoint=str(root / "chk"), trigger_seconds=None)
+query.process_all_available()
+if step == "move":
+    version = tables.publish_assignment(spark, moves, 3, root=str(root / "tables"))
+    print("SWITCHING", version, flush=True)
+    query.switch(version)
+print("VERSION", query.version, flush=True)
+query.stop()
+'''
+
+
+def test_a_kill9_during_a_move_loses_and_doubles_no_session(spark, scenario, tmp_path):
+    """The sessions scenario's events and moves again, the rebalanced driver in a process of
+    its own, killed (SIGKILL of its group) once the move's export rows are in its control
+    table and Spark has planned the batch after them; restarted on the same checkpoint
+    with the second phase's events: the sessions are still those of plain Spark."""
+    import json
+    import os
+    import re
+    import sys
+    import time
+
+    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    from service_helpers import Proc, delta_commits
+
+    phases = _clicks()
+    for frame in phases[0]:
+        _write(spark, str(tmp_path / "in"), frame, sessions.CLICKS_SCHEMA)
+    moves = json.dumps({str(k): int(v) for k, v in scenario["moves"].items()})
+
+    def driver(step: str) -> Proc:
+        return Proc([sys.executable, "-c", DRIVER_CHILD, str(REPO), str(tmp_path), step, moves],
+                    dict(os.environ), tmp_path / f"{step}.log")
+
+    moving = driver("move")
+    control = tmp_path / "chk" / "_rebalance" / "control"
+    offsets = tmp_path / "chk" / "offsets"
+    deadline = time.monotonic() + 600
+    planned_before = None
+    while moving.alive() and time.monotonic() < deadline:
+        if planned_before is None and len(delta_commits(control)) >= 2:   # export rows in
+            planned_before = len(list(offsets.glob("[0-9]*")))
+        if planned_before is not None and len(list(offsets.glob("[0-9]*"))) > planned_before:
+            break                                     # the batch after them is planned
+        time.sleep(0.05)
+    assert moving.alive(), "the driver ended before the move: " + moving.log.read_text()[-3000:]
+    moving.kill9()
+    for frame in phases[1]:
+        _write(spark, str(tmp_path / "in"), frame, sessions.CLICKS_SCHEMA)
+    resumed = driver("resume")
+    resumed.popen.wait(timeout=900)
+    log = resumed.log.read_text()
+    assert resumed.popen.returncode == 0, log[-3000:]
+    switching = re.search(r"SWITCHING (\d+)", moving.log.read_text())
+    assert switching and f"VERSION {switching.group(1)}" in log, log[-2000:]
+    out = sorted(tuple(r) for r in spark.read.format("delta").load(str(tmp_path / "out"))
+                 .select("user_id", "session_start", "session_end", "clicks").collect())
+    assert out == scenario["plain"]
+    moved = spark.read.format("delta").load(str(control)).toPandas()
+    from rebalance.streaming.rebalanced import payload_of
+
+    keys = sorted(payload_of(r)["key"] for r in moved[moved["kind"] == "in"].itertuples())
+    assert keys == sorted(scenario["moves"]), "each moved user's state handed over once"
+
+
+def _readings(n_devices: int = 20, n_phases: int = 2, batches: int = 3, seed: int = 5):
+    """Per phase, per batch, readings of Zipf-skewed devices; about one in six is a retry
+    of an earlier reading of its device (same id and value), in this batch or an earlier
+    one (of either phase)."""
+    rng = np.random.default_rng(seed)
+    devices = [f"d{i:02d}" for i in range(n_devices)]
+    weights = 1.0 / np.arange(1, n_devices + 1)
+    weights /= weights.sum()
+    sent: list[tuple] = []
+    out, t, serial = [], T0_MS, 0
+    for _ in range(n_phases):
+        phase = []
+        for _ in range(batches):
+            rows = []
+            for _ in range(50):
+                t += int(rng.integers(1_000, 20_000))
+                if sent and rng.random() < 1 / 6:
+                    device, reading_id, value = sent[int(rng.integers(len(sent)))]
+                else:
+                    device, reading_id = str(rng.choice(devices, p=weights)), f"r{serial:04d}"
+                    value, serial = float(rng.integers(0, 1000)) / 10, serial + 1
+                    sent.append((device, reading_id, value))
+                rows.append((device, reading_id, value, pd.Timestamp(t, unit="ms")))
+            phase.append(pd.DataFrame(rows, columns=["device_id", "reading_id", "value",
+                                                     "reading_time"]))
+        out.append(phase)
+    return out
+
+
+@pytest.fixture(scope="module")
+def devices_scenario(spark, tmp_path_factory):
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    return _run_both(spark, tmp_path_factory.mktemp("devices"), _readings(),
+                     make=devices.DedupAverage, in_schema=devices.READINGS_SCHEMA,
+                     out_schema=devices.AVERAGE_SCHEMA, key="device_id",
+                     time_mode="ProcessingTime", event_time="reading_time", watermark=None,
+                     job="devices", window_seconds=5)
+
+
+def test_device_averages_equal_plain_spark(devices_scenario):
+    plain = devices_scenario["plain"]
+    ids = {(d, r) for d, r, *_ in plain}
+    sent = devices_scenario["inputs"][["device_id", "reading_id"]]
+    assert len(ids) == len(plain) < len(sent), "each reading once, its retries dropped"
+    assert devices_scenario["rebalanced"] == plain
+
+
+def test_moved_devices_state_moved_once(devices_scenario):
+    moved = devices_scenario["control"][devices_scenario["control"]["kind"] == "in"]
+    from rebalance.streaming.rebalanced import payload_of
+
+    keys = sorted(payload_of(r)["key"] for r in moved.itertuples())
+    assert keys == sorted(devices_scenario["moves"])
 
 
 def test_refusals_name_the_part(spark):

@@ -486,6 +486,8 @@ class RebalancedQuery:
             try:
                 if self.trigger_seconds is None:
                     self.query.awaitTermination()
+                elif self.stream.time_mode == "ProcessingTime":
+                    wait_caught_up(self.query)
                 else:
                     self.query.processAllAvailable()
             except Exception:  # noqa: BLE001 - the batch after a move is refused
@@ -503,6 +505,31 @@ class RebalancedQuery:
 class _JobRecord:
     name: str
     tables_root: str | None
+
+def wait_caught_up(query: StreamingQuery, timeout_seconds: float = 600.0) -> None:
+    """Block until ``query`` processed every row its sources held when called.
+
+    For a query whose operator runs a batch at every trigger (``transformWithState`` in
+    ProcessingTime mode: processing-time timers and TTL), where Spark's
+    ``processAllAvailable`` never returns. Every batch with an id above the newest one
+    reported at the call was planned after the call; one of them that read no row (each
+    source's start offset is its end offset) proves that the batches before it, which
+    committed first, read everything."""
+    last = query.lastProgress
+    after = (last.batchId if last is not None else -1) + 2
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        for p in query.recentProgress:
+            if (p.batchId >= after and p.numInputRows == 0
+                    and all(s.startOffset == s.endOffset for s in p.sources)):
+                return
+        if not query.isActive:
+            query.awaitTermination()        # raises the query's error, if any
+            raise RuntimeError(f"query {query.name} stopped before it caught up")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"query {query.name} did not catch up in {timeout_seconds:.0f} s")
+        time.sleep(0.5)
+
 
 def payload_of(row: Any) -> dict[str, Any]:
     """A control row's moved state, unpickled (for inspection and tests)."""
