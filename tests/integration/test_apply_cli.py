@@ -122,3 +122,39 @@ def test_a_split_plan_is_applied_with_its_shares(spark, tmp_path, capsys):
     assert [(x["key"], len(x["instances"])) for x in page["split"]] == [(key, len(parts))]
     after = page["instance_loads"]["after"]
     assert max(after) / (sum(after) / N) == pytest.approx(plan.predicted_imbalance)
+
+
+@pytest.mark.usefixtures("data")
+def test_a_split_plan_is_refused_for_a_job_that_does_not_merge_split_keys(spark, tmp_path,
+                                                                          capsys):
+    """The job's newest start (table ``jobs``) says it cannot merge the partial results of
+    a split key (a ``rebalanced()`` job records so): the gate rejects a plan that splits
+    one, in one line, and nothing goes live."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from dag_helpers import KEYS
+
+    from rebalance.spark import tables
+    from rebalance.spark.jobs import LIVE, latest_start, record_start
+    from rebalance.spark.plan_store import PlanStore
+
+    record_start(spark, SimpleNamespace(name="keyed", tables_root=None), LIVE,
+                 app="rebalanced", splits=False)
+    assert latest_start(spark, "keyed").splits is False
+    t0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
+    counts = traffic(False)
+    counts[KEYS[0]] = 3000
+    write_windows(spark, [t0 + i * dt.timedelta(minutes=1) for i in range(3)], counts)
+    out = tmp_path / "split"
+    assert cli.main(["plan", "--histograms", tables.KEY_HISTOGRAMS.path(), "--instances",
+                     str(N), "--windows", "3", "--theta", "0.1", "--split-keys",
+                     "--out", str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert cli.main(["apply", "--plan", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the plan splits 1 key(s), but the job 'keyed' does not merge " \
+        "the partial results of a split key (started by rebalanced" in err[0], err
+    assert tables.latest_assignment_version(spark) == 0
+    (plan,) = PlanStore(spark).plans()
+    assert plan.status == "rejected" and "does not merge" in plan.reasons[0]

@@ -423,7 +423,7 @@ class RestartStandIn(StandIn):
         self.answered = []
 
     def prepare(self):
-        from rebalance.control.rollout import job_name
+        from rebalance.control.inputs import job_name
         from rebalance.streaming.restart import RestartControl
 
         self.control = RestartControl(self.spark, job_name())

@@ -128,3 +128,29 @@ def test_a_split_key_must_sit_on_one_of_its_shares_and_off_drained_instances(spl
     text = "\n".join(result.failures)
     assert "its instance 1 is not one of its shares [0, 2]" in text
     assert "keeps shares on drained instances [2]" in text
+
+
+def test_a_split_plan_is_refused_for_a_job_that_cannot_merge_split_keys(split_plan):
+    import dataclasses
+    import datetime as dt
+
+    from rebalance.spark.jobs import JobStart, split_refusal
+
+    frame, metrics, limits = split_plan
+    start = JobStart("sessions", "live", "rebalanced", None,
+                     dt.datetime(2026, 12, 2, 3, 0, tzinfo=dt.timezone.utc), "h", 42, False)
+    refused = dataclasses.replace(limits, splits_refused=split_refusal(start))
+    result = validate_plan(frame, metrics, refused)
+    assert not result.success
+    assert result.failures == [
+        "the plan splits 1 key(s), but the job 'sessions' does not merge the partial results "
+        "of a split key (started by rebalanced, pid 42 on h at 2026-12-02 03:00 UTC); plan "
+        "without split keys"]
+    # the same job takes a plan of whole keys: "a" alone on 0, b, c, d on 1 (b moves)
+    whole = frame.assign(split=None, instance=[0, 1, 1, 1], moved=[False, True, False, False])
+    ok = validate_plan(whole, {"imbalance_after": 1.0, "migration_bytes": 1.0,
+                               "moved_keys": 1, "table_size": 1}, refused)
+    assert ok.success, ok.failures
+    # a job that merges split keys, or one that recorded nothing, takes the split plan
+    for other in (dataclasses.replace(start, splits=True), None):
+        assert split_refusal(other) is None

@@ -11,6 +11,7 @@ Spark is imported inside the functions only.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -181,6 +182,11 @@ def retry_delay_seconds() -> float:
     (``REBALANCE_RETRY_DELAY_SECONDS``, default 30)."""
     return env_seconds("REBALANCE_RETRY_DELAY_SECONDS", 30.0, lambda v: 0 <= v <= 3600,
                        "a number of seconds in [0, 3600]")
+
+
+def job_name() -> str:
+    """Name of the streaming job the DAG controls (``REBALANCE_JOB_NAME``)."""
+    return os.environ.get("REBALANCE_JOB_NAME", "keyed")
 
 
 def windows_wait_seconds() -> float:

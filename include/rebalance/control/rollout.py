@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rebalance.control.errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
-from rebalance.control.inputs import env_seconds, plan_store, spark_session
+from rebalance.control.inputs import env_seconds, job_name, plan_store, spark_session
 from rebalance.control.params import AUTO_RESTART_ABOVE, unpack
 from rebalance.control.tasks import new_routing, publish, validate
 from rebalance.core.records import (
@@ -143,13 +143,6 @@ def _not_maintenance(commits: list) -> list:
     ``rebalance_maintenance``'s ``userMetadata``), newest first."""
     return [c for c in commits if c.metadata.get("kind") != "maintenance"
             and c.operation not in MAINTENANCE_OPERATIONS]
-
-
-def job_name() -> str:
-    """Name of the restartable streaming job the DAG controls (``REBALANCE_JOB_NAME``)."""
-    import os
-
-    return os.environ.get("REBALANCE_JOB_NAME", "keyed")
 
 
 def apply(published: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from rebalance.control.errors import ApplyRefused, InvalidParams, PlanRejected, 
 from rebalance.control.inputs import (
     assignment_frame,
     base_assignment,
+    job_name,
     load_problem,
     load_rows,
     plan_store,
@@ -33,7 +34,14 @@ from rebalance.control.inputs import (
 )
 from rebalance.control.params import RunInfo, RunParams, plan_id_for, unpack
 from rebalance.control.validation import PlanLimits, validate_plan
-from rebalance.core.records import LIVE_STATUSES, PlanRecord, PlanStatus, frame_splits, utcnow
+from rebalance.core.records import (
+    LIVE_STATUSES,
+    SPLIT_COLUMN,
+    PlanRecord,
+    PlanStatus,
+    frame_splits,
+    utcnow,
+)
 from rebalance.core.trigger import TriggerPolicy
 
 if TYPE_CHECKING:
@@ -228,7 +236,13 @@ def validate(planned: Mapping[str, Any]) -> dict[str, Any]:
         raise PlanRejected(f"plan {plan_id} was rejected: " + "; ".join(record.reasons))
     if record.status != PlanStatus.PROPOSED.value:
         return {**planned, "plan": record.summary()}
-    result = validate_plan(store.frame(plan_id), record.metrics, plan_limits(record))
+    frame, limits = store.frame(plan_id), plan_limits(record)
+    if SPLIT_COLUMN in frame.columns and frame[SPLIT_COLUMN].notna().any():
+        from rebalance.spark.jobs import latest_start, split_refusal
+
+        limits = dataclasses.replace(limits, splits_refused=split_refusal(
+            latest_start(spark_session(), job_name())))
+    result = validate_plan(frame, record.metrics, limits)
     if not result.success:
         record = store.transition(plan_id, PlanStatus.REJECTED, action="reject",
                                   reasons=list(result.failures), validation=result.statistics)

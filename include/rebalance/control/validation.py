@@ -9,7 +9,8 @@ A plan is checked as data before it may be published or applied:
 * per plan (one row of reported and recomputed metrics): predicted imbalance
   <= 1 + theta, migration within the budget, table size within the bound, and
   every reported metric equal to the one recomputed from the assignment
-  itself, so a corrupted or tampered plan cannot pass on its own word.
+  itself, so a corrupted or tampered plan cannot pass on its own word;
+* split keys only for a job that records it merges their partial results.
 
 Pure pandas + GX: no Spark, no Airflow.
 """
@@ -47,6 +48,9 @@ class PlanLimits:
     budget_bytes: float | None = None
     budget_keys: int | None = None
     drain: tuple[int, ...] = ()
+    #: Why the job cannot take split keys (:func:`rebalance.spark.jobs.split_refusal`;
+    #: None: it can, or nothing is recorded).
+    splits_refused: str | None = None
 
 
 @dataclass
@@ -234,6 +238,8 @@ def validate_plan(frame: pd.DataFrame, metrics: dict[str, Any], limits: PlanLimi
     if missing:
         return ValidationResult(False, [f"assignment frame lacks columns {missing}"])
     failures, splits = _split_checks(frame, limits.n_instances, limits.drain)
+    if splits and limits.splits_refused:
+        failures.append(f"the plan splits {len(splits)} key(s), but {limits.splits_refused}")
     if failures:
         return ValidationResult(False, failures)
     columns = [*ASSIGNMENT_COLUMNS, *([SPLIT_COLUMN] if SPLIT_COLUMN in frame.columns else [])]

@@ -50,6 +50,8 @@ class JobStart:
     started_at: datetime | None
     host: str | None
     pid: int | None
+    #: Whether the job merges the partial results of a split key (None: not recorded).
+    splits: bool | None = None
 
     def started_by(self) -> str:
         """``keyed_job.py, pid 4242 on host-a at 2026-11-27 02:41 UTC``."""
@@ -71,18 +73,20 @@ def current_app() -> str:
 
 
 def record_start(spark: SparkSession, config, capability: str, generation: int | None = None,
-                 app: str | None = None) -> JobStart:
+                 app: str | None = None, splits: bool | None = None) -> JobStart:
     """Append the row of this start of the job ``config`` (a
     :class:`~rebalance.streaming.job.JobConfig`: its ``name`` and ``tables_root``) can do
-    ``capability``: one commit; creates ``jobs`` if needed."""
+    ``capability`` and, with ``splits``, whether it merges split keys: one commit; creates
+    ``jobs`` if needed."""
     job, root = config.name, config.tables_root
     if capability not in CAPABILITIES:
         raise ValueError(f"capability must be one of {', '.join(CAPABILITIES)}, "
                          f"got {capability!r}")
     start = JobStart(job, capability, app or current_app(), generation, utcnow(),
-                     socket.gethostname(), os.getpid())
+                     socket.gethostname(), os.getpid(), splits)
     df = spark.createDataFrame([(start.job, start.capability, start.app, start.generation,
-                                 start.started_at, start.host, start.pid)], tables.JOBS.schema)
+                                 start.started_at, start.host, start.pid, start.splits)],
+                               tables.JOBS.schema)
     meta = {"kind": "job-start", "job": job, "capability": capability}
     for attempt in range(CONFLICT_RETRIES + 1):
         try:  # blind appends; only the table's creation by a concurrent start can conflict
@@ -106,7 +110,17 @@ def latest_start(spark: SparkSession, job: str,
            .orderBy(F.col("started_at").desc()).limit(1).collect())
     if not row:
         return None
-    r = row[0]
-    return JobStart(r.job, r.capability, r.app,
-                    None if r.generation is None else int(r.generation),
-                    as_utc(r.started_at), r.host, None if r.pid is None else int(r.pid))
+    r = row[0].asDict()      # a table of an earlier release has no ``splits`` yet
+    return JobStart(r["job"], r["capability"], r["app"],
+                    None if r["generation"] is None else int(r["generation"]),
+                    as_utc(r["started_at"]), r["host"], None if r["pid"] is None else int(r["pid"]),
+                    r.get("splits"))
+
+
+def split_refusal(start: JobStart | None) -> str | None:
+    """Why the job of ``start`` cannot take a plan that splits keys (None: it can, or
+    nothing is recorded)."""
+    if start is None or start.splits is not False:
+        return None
+    return (f"the job {start.job!r} does not merge the partial results of a split key "
+            f"(started by {start.started_by()}); plan without split keys")

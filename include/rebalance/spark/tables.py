@@ -177,10 +177,12 @@ RESTARTS = Table(
 JOBS = Table(
     "jobs",
     "job STRING, capability STRING, app STRING, generation BIGINT, started_at TIMESTAMP, "
-    "host STRING, pid BIGINT",
+    "host STRING, pid BIGINT, splits BOOLEAN",
     "Starts of the streaming job (rebalance.spark.jobs): one row per process start, with what "
     "it can do: capability 'restart' (controlled restarts: restartable_job.py) or 'live' "
-    "(live switch only: keyed_job.py). apply reads the newest row of its job.")
+    "(live switch only: keyed_job.py), and splits (whether it merges the partial results of "
+    "a key split over instances; NULL: not recorded). apply reads the newest row of its job, "
+    "validate its splits.")
 
 #: Every table by name.
 TABLES: dict[str, Table] = {t.name: t for t in (

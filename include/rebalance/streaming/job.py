@@ -528,7 +528,7 @@ def start_job(spark: SparkSession, config: JobConfig) -> KeyedJob:
     controlled restart of it (``auto`` switches live instead; ``restart`` is refused)."""
     raw = read_events(spark, config)
     check_instances(spark, config)
-    record_start(spark, config, LIVE)
+    record_start(spark, config, LIVE, splits=True)
     for table in (tables.QUARANTINE, tables.RESULTS, tables.KEY_HISTOGRAMS,
                   tables.INSTANCE_HISTOGRAMS, tables.WINDOW_RESULTS):
         tables.ensure_table(spark, table, config.tables_root)

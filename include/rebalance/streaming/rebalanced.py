@@ -408,7 +408,8 @@ class RebalancedQuery:
             spark.conf.set("spark.sql.shuffle.partitions", previous)
         sink.query_id = self.query.id
         self.sink, self.version = sink, version
-        record_start(spark, _JobRecord(stream.job, stream.tables_root), LIVE, app="rebalanced")
+        record_start(spark, _JobRecord(stream.job, stream.tables_root), LIVE, app="rebalanced",
+                     splits=False)
 
     def switch(self, version: int | None = None, timeout_seconds: float = 300.0) -> int:
         """Move to assignment ``version`` (default: the latest) with every moved key's

@@ -170,7 +170,8 @@ class RestartableJob:
             self.execute(pending, steps)
         else:
             self._run(self.control.live_generation(steps))
-        record_start(self.spark, self.config, RESTART, self.generation.number)  # for apply
+        record_start(self.spark, self.config, RESTART, self.generation.number,  # for apply
+                     splits=True)
         return self.generation
 
     def _bootstrap(self) -> None:
