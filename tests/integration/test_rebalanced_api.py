@@ -11,6 +11,8 @@ moves the three busiest keys to other instances:
   ListState of the last readings per device, in ProcessingTime mode (retries of a
   reading arrive in the same and in later micro-batches, across the move).
 
+The sessions job runs rebalanced in a process of its own, killed (SIGKILL of its group)
+during the move and restarted on the same checkpoint; the devices job in this process.
 The outputs are equal as multisets; each moved key's state arrived exactly once; the
 histograms count every event under the instance that processed it.
 """
@@ -72,46 +74,52 @@ def _stream(spark, path: str, watermark: str | None):
     return df.withWatermark(watermark, "10 minutes") if watermark else df
 
 
+def _rows(spark, path: str, out_schema: str) -> list[tuple]:
+    columns = [c.split()[0] for c in out_schema.split(", ")]
+    return sorted(tuple(r) for r in spark.read.format("delta").load(path)
+                  .select(*columns).collect())
+
+
+def _plain(spark, root: Path, phases, *, make, in_schema, out_schema, key, time_mode,
+           watermark) -> list[tuple]:
+    """The processor on the phases under plain ``groupBy(key).transformWithStateInPandas``
+    (one query; it waits until a batch read no row after each phase): its output rows."""
+    from rebalance.streaming.rebalanced import wait_caught_up
+
+    plain_in, plain_out = str(root / "plain_in"), str(root / "plain_out")
+    query = None
+    for phase in phases:
+        for frame in phase:
+            _write(spark, plain_in, frame, in_schema)
+        if query is None:
+            query = (_stream(spark, plain_in, watermark).groupBy(key)
+                     .transformWithStateInPandas(make(), out_schema, "Append", time_mode)
+                     .writeStream.format("delta")
+                     .option("checkpointLocation", str(root / "plain_chk"))
+                     .trigger(processingTime="1 second").start(plain_out))
+        wait_caught_up(query)
+    query.stop()
+    return _rows(spark, plain_out, out_schema)
+
+
 def _run_both(spark, root: Path, phases, *, make, in_schema, out_schema, key, time_mode,
-              event_time, watermark, job, window_seconds, available_now=False):
-    """The processor on the same phases under plain Spark and under rebalanced() with a
-    move of the three busiest keys between the phases; both outputs and what the move did."""
+              event_time, watermark, job, window_seconds):
+    """The processor on the same phases under plain Spark and under rebalanced() (in this
+    process) with a move of the three busiest keys between the phases; both outputs and
+    what the move did."""
     from rebalance.spark import tables
-    from rebalance.streaming.rebalanced import rebalanced, switches, wait_caught_up
+    from rebalance.streaming.rebalanced import rebalanced, switches
 
-    plain_in, reb_in = str(root / "plain_in"), str(root / "reb_in")
-    plain_out, reb_out = str(root / "plain_out"), str(root / "reb_out")
-    tables_root = str(root / "tables")
-    for frame in phases[0]:
-        _write(spark, plain_in, frame, in_schema)
-    # EventTime runs here with availableNow (one query run per phase); ProcessingTime mode
-    # runs a batch at every trigger (timers, TTL), so it waits until a batch read no row
-    def plain_run():
-        writer = (_stream(spark, plain_in, watermark).groupBy(key)
-                  .transformWithStateInPandas(make(), out_schema, "Append", time_mode)
-                  .writeStream.format("delta")
-                  .option("checkpointLocation", str(root / "plain_chk")))
-        return (writer.trigger(availableNow=True) if available_now
-                else writer.trigger(processingTime="1 second")).start(plain_out)
-
-    plain = plain_run()
-    plain.awaitTermination() if available_now else wait_caught_up(plain)
-    for frame in phases[1]:
-        _write(spark, plain_in, frame, in_schema)
-    if available_now:
-        plain_run().awaitTermination()
-    else:
-        wait_caught_up(plain)
-        plain.stop()
-
+    plain = _plain(spark, root, phases, make=make, in_schema=in_schema, out_schema=out_schema,
+                   key=key, time_mode=time_mode, watermark=watermark)
+    reb_in, reb_out, tables_root = str(root / "reb_in"), str(root / "reb_out"), str(root / "tables")
     for frame in phases[0]:
         _write(spark, reb_in, frame, in_schema)
     stream = rebalanced(_stream(spark, reb_in, watermark), key=key, processor=make(),
                         output_schema=out_schema, time_mode=time_mode, event_time=event_time,
                         job=job, instances=N, tables_root=tables_root,
                         window_seconds=window_seconds)
-    query = stream.start(output=reb_out, checkpoint=str(root / "reb_chk"),
-                         trigger_seconds=None if available_now else 1)
+    query = stream.start(output=reb_out, checkpoint=str(root / "reb_chk"), trigger_seconds=1)
     query.process_all_available()
     busiest = list(pd.concat(phases[0])[key].value_counts().index[:3])
     hist = tables.read(spark, tables.KEY_HISTOGRAMS, tables_root).toPandas()
@@ -124,13 +132,7 @@ def _run_both(spark, root: Path, phases, *, make, in_schema, out_schema, key, ti
     query.resume()
     query.process_all_available()
     query.stop()
-    columns = [c.split()[0] for c in out_schema.split(", ")]
-
-    def rows(path):
-        return sorted(tuple(r) for r in spark.read.format("delta").load(path)
-                      .select(*columns).collect())
-
-    return dict(plain=rows(plain_out), rebalanced=rows(reb_out), version=version,
+    return dict(plain=plain, rebalanced=_rows(spark, reb_out, out_schema), version=version,
                 switched_to=switched_to, moves=moves,
                 switches=switches(spark, str(root / "reb_chk")),
                 control=spark.read.format("delta").load(
@@ -139,43 +141,7 @@ def _run_both(spark, root: Path, phases, *, make, in_schema, out_schema, key, ti
                 inputs=pd.concat(phases[0] + phases[1]))
 
 
-@pytest.fixture(scope="module")
-def scenario(spark, tmp_path_factory):
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    return _run_both(spark, tmp_path_factory.mktemp("sessions"), _clicks(),
-                     make=sessions.Sessionize, in_schema=sessions.CLICKS_SCHEMA,
-                     out_schema=sessions.SESSION_SCHEMA, key="user_id", time_mode="EventTime",
-                     event_time="click_time", watermark="click_time", job="sessions",
-                     window_seconds=600)
-
-
-def test_sessions_equal_plain_spark(scenario):
-    assert scenario["plain"], "the plain run closed no session"
-    assert scenario["rebalanced"] == scenario["plain"]
-
-
-def test_moved_users_state_moved_once(scenario):
-    assert scenario["switched_to"] == scenario["version"]
-    assert [v for _, v in scenario["switches"]] == [scenario["version"]]
-    moved = scenario["control"][scenario["control"]["kind"] == "in"]
-    from rebalance.streaming.rebalanced import payload_of
-
-    keys = sorted(payload_of(r)["key"] for r in moved.itertuples())
-    assert keys == sorted(scenario["moves"]), "each moved user's state is handed over once"
-
-
-def test_histograms_count_every_click_on_its_instance(scenario):
-    hist, moves = scenario["hist"], scenario["moves"]
-    after = hist[hist["assignment_version"] == scenario["version"]]
-    for user, instance in moves.items():
-        assert set(after.loc[after["key"] == user, "instance"]) <= {instance}
-    closed = hist.groupby("key")["count"].sum()
-    clicks = scenario["inputs"]["user_id"].value_counts()
-    assert (closed <= clicks.reindex(closed.index)).all()
-    assert closed.sum() > 0.5 * len(scenario["inputs"])
-
-
-#: The rebalanced side in a process of its own (argv: repo, root, step, moves as JSON):
+#: The sessions job in a process of its own (argv: repo, root, step, moves as JSON):
 #: ``move`` catches up on the input, publishes the moves and switches to them (the test
 #: kills it meanwhile); ``resume`` restarts from the checkpoint and processes everything.
 DRIVER_CHILD = r'''
@@ -208,11 +174,11 @@ query.stop()
 '''
 
 
-def test_a_kill9_during_a_move_loses_and_doubles_no_session(spark, scenario, tmp_path):
-    """The sessions scenario's events and moves again, the rebalanced driver in a process of
-    its own, killed (SIGKILL of its group) once the move's export rows are in its control
-    table and Spark has planned the batch after them; restarted on the same checkpoint
-    with the second phase's events: the sessions are still those of plain Spark."""
+def _killed_during_the_move(spark, root: Path, phases, moves: dict) -> dict:
+    """The rebalanced sessions job in a process of its own: the first phase, then a move
+    of ``moves``; the process is killed (SIGKILL of its group) once the move's export rows
+    are in its control table and Spark has planned the batch after them; restarted on the
+    same checkpoint with the second phase's events. What it wrote, and the versions."""
     import json
     import os
     import re
@@ -222,20 +188,20 @@ def test_a_kill9_during_a_move_loses_and_doubles_no_session(spark, scenario, tmp
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from service_helpers import Proc, delta_commits
 
-    phases = _clicks()
+    from rebalance.spark import tables
+    from rebalance.streaming.rebalanced import switches
+
     for frame in phases[0]:
-        _write(spark, str(tmp_path / "in"), frame, sessions.CLICKS_SCHEMA)
-    moves = json.dumps({str(k): int(v) for k, v in scenario["moves"].items()})
+        _write(spark, str(root / "in"), frame, sessions.CLICKS_SCHEMA)
+    argv = json.dumps({str(k): int(v) for k, v in moves.items()})
 
     def driver(step: str) -> Proc:
-        return Proc([sys.executable, "-c", DRIVER_CHILD, str(REPO), str(tmp_path), step, moves],
-                    dict(os.environ), tmp_path / f"{step}.log")
+        return Proc([sys.executable, "-c", DRIVER_CHILD, str(REPO), str(root), step, argv],
+                    dict(os.environ), root / f"{step}.log")
 
     moving = driver("move")
-    control = tmp_path / "chk" / "_rebalance" / "control"
-    offsets = tmp_path / "chk" / "offsets"
-    deadline = time.monotonic() + 600
-    planned_before = None
+    control, offsets = root / "chk" / "_rebalance" / "control", root / "chk" / "offsets"
+    deadline, planned_before = time.monotonic() + 600, None
     while moving.alive() and time.monotonic() < deadline:
         if planned_before is None and len(delta_commits(control)) >= 2:   # export rows in
             planned_before = len(list(offsets.glob("[0-9]*")))
@@ -245,21 +211,64 @@ def test_a_kill9_during_a_move_loses_and_doubles_no_session(spark, scenario, tmp
     assert moving.alive(), "the driver ended before the move: " + moving.log.read_text()[-3000:]
     moving.kill9()
     for frame in phases[1]:
-        _write(spark, str(tmp_path / "in"), frame, sessions.CLICKS_SCHEMA)
+        _write(spark, str(root / "in"), frame, sessions.CLICKS_SCHEMA)
     resumed = driver("resume")
     resumed.popen.wait(timeout=900)
     log = resumed.log.read_text()
     assert resumed.popen.returncode == 0, log[-3000:]
     switching = re.search(r"SWITCHING (\d+)", moving.log.read_text())
-    assert switching and f"VERSION {switching.group(1)}" in log, log[-2000:]
-    out = sorted(tuple(r) for r in spark.read.format("delta").load(str(tmp_path / "out"))
-                 .select("user_id", "session_start", "session_end", "clicks").collect())
-    assert out == scenario["plain"]
-    moved = spark.read.format("delta").load(str(control)).toPandas()
+    running = re.search(r"VERSION (\d+)", log)
+    assert switching and running, (moving.log.read_text()[-2000:], log[-2000:])
+    return dict(rebalanced=_rows(spark, str(root / "out"), sessions.SESSION_SCHEMA),
+                version=int(switching.group(1)), switched_to=int(running.group(1)),
+                switches=switches(spark, str(root / "chk")),
+                control=spark.read.format("delta").load(str(control)).toPandas(),
+                hist=tables.read(spark, tables.KEY_HISTOGRAMS, str(root / "tables")).toPandas())
+
+
+@pytest.fixture(scope="module")
+def scenario(spark, tmp_path_factory):
+    """Sessions under plain Spark (in this process) and rebalanced (a process of its own,
+    killed during the move of the three busiest users, which version 0 places by
+    default)."""
+    from rebalance.core.placement import default_instances
+
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    root, phases = tmp_path_factory.mktemp("sessions"), _clicks()
+    plain = _plain(spark, root, phases, make=sessions.Sessionize,
+                   in_schema=sessions.CLICKS_SCHEMA, out_schema=sessions.SESSION_SCHEMA,
+                   key="user_id", time_mode="EventTime", watermark="click_time")
+    busiest = list(pd.concat(phases[0])["user_id"].value_counts().index[:3])
+    moves = {k: (int(d) + 1) % N for k, d in zip(busiest, default_instances(busiest, N))}
+    (root / "reb").mkdir()
+    return dict(plain=plain, moves=moves, inputs=pd.concat(phases[0] + phases[1]),
+                **_killed_during_the_move(spark, root / "reb", phases, moves))
+
+
+def test_sessions_equal_plain_spark_across_a_move_killed_midway(scenario):
+    assert scenario["plain"], "the plain run closed no session"
+    assert scenario["rebalanced"] == scenario["plain"]
+
+
+def test_moved_users_state_moved_once(scenario):
+    assert scenario["switched_to"] == scenario["version"]
+    assert [v for _, v in scenario["switches"]] == [scenario["version"]]
+    moved = scenario["control"][scenario["control"]["kind"] == "in"]
     from rebalance.streaming.rebalanced import payload_of
 
-    keys = sorted(payload_of(r)["key"] for r in moved[moved["kind"] == "in"].itertuples())
-    assert keys == sorted(scenario["moves"]), "each moved user's state handed over once"
+    keys = sorted(payload_of(r)["key"] for r in moved.itertuples())
+    assert keys == sorted(scenario["moves"]), "each moved user's state is handed over once"
+
+
+def test_histograms_count_every_click_on_its_instance(scenario):
+    hist, moves = scenario["hist"], scenario["moves"]
+    after = hist[hist["assignment_version"] == scenario["version"]]
+    for user, instance in moves.items():
+        assert set(after.loc[after["key"] == user, "instance"]) <= {instance}
+    closed = hist.groupby("key")["count"].sum()
+    clicks = scenario["inputs"]["user_id"].value_counts()
+    assert (closed <= clicks.reindex(closed.index)).all()
+    assert closed.sum() > 0.5 * len(scenario["inputs"])
 
 
 def _readings(n_devices: int = 20, n_phases: int = 2, batches: int = 3, seed: int = 5):
