@@ -5,7 +5,9 @@ assignment version live but cannot execute a controlled restart; ``spark_apps/
 restartable_job.py`` (:class:`rebalance.streaming.restart.RestartableJob`) can. Each
 records one row when its process starts (:func:`record_start`): job name, capability
 (:data:`LIVE` or :data:`RESTART`), the script that started it, the generation (restartable
-job), when, host and pid. The control plane's ``apply`` reads the newest row of its job
+job), when, host and pid, and whether it merges the partial results of a split key (the
+built-in jobs do; a ``rebalanced()`` query does not: ``validate`` then rejects a plan that
+splits keys, :func:`split_refusal`). The control plane's ``apply`` reads the newest row of its job
 (:func:`latest_start`) before it asks for a restart: ``auto`` falls back to a live switch
 for a job that cannot restart, an explicit ``restart`` is refused at once
 (:func:`rebalance.control.rollout.mode_for_job`). No row (a store older than this table,
