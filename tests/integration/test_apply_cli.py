@@ -84,24 +84,35 @@ def test_apply_refuses_a_plan_whose_files_do_not_match(spark, tmp_path, capsys):
     assert "nowhere is not a directory (not found)" in capsys.readouterr().err
 
 
-@pytest.mark.usefixtures("data")
-def test_a_split_plan_is_applied_with_its_shares(spark, tmp_path, capsys):
+def _split_plan(spark, tmp_path, capsys):
+    """``rebalance plan --split-keys`` on three windows where KEYS[0] has half of all
+    events (above (1 + theta) x mean on any instance): the plan's folder."""
     import datetime as dt
 
     from dag_helpers import KEYS
 
     from rebalance.spark import tables
-    from rebalance.spark.plan_store import PlanStore
 
     t0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
     counts = traffic(False)
-    counts[KEYS[0]] = 3000        # half of all events: above (1 + theta) x mean on any instance
+    counts[KEYS[0]] = 3000
     write_windows(spark, [t0 + i * dt.timedelta(minutes=1) for i in range(3)], counts)
     out = tmp_path / "split"
     assert cli.main(["plan", "--histograms", tables.KEY_HISTOGRAMS.path(), "--instances",
                      str(N), "--windows", "3", "--theta", "0.1", "--split-keys",
                      "--out", str(out)]) == 0, capsys.readouterr().err
     capsys.readouterr()
+    return out
+
+
+@pytest.mark.usefixtures("data")
+def test_a_split_plan_is_applied_with_its_shares(spark, tmp_path, capsys):
+    from dag_helpers import KEYS
+
+    from rebalance.spark import tables
+    from rebalance.spark.plan_store import PlanStore
+
+    out = _split_plan(spark, tmp_path, capsys)
     assert cli.main(["apply", "--plan", str(out)]) == 0, capsys.readouterr().err
     assert "assignment version 1 is live" in capsys.readouterr().out
     live = tables.read_assignment(spark)
@@ -130,10 +141,7 @@ def test_a_split_plan_is_refused_for_a_job_that_does_not_merge_split_keys(spark,
     """The job's newest start (table ``jobs``) says it cannot merge the partial results of
     a split key (a ``rebalanced()`` job records so): the gate rejects a plan that splits
     one, in one line, and nothing goes live."""
-    import datetime as dt
     from types import SimpleNamespace
-
-    from dag_helpers import KEYS
 
     from rebalance.spark import tables
     from rebalance.spark.jobs import LIVE, latest_start, record_start
@@ -142,15 +150,7 @@ def test_a_split_plan_is_refused_for_a_job_that_does_not_merge_split_keys(spark,
     record_start(spark, SimpleNamespace(name="keyed", tables_root=None), LIVE,
                  app="rebalanced", splits=False)
     assert latest_start(spark, "keyed").splits is False
-    t0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
-    counts = traffic(False)
-    counts[KEYS[0]] = 3000
-    write_windows(spark, [t0 + i * dt.timedelta(minutes=1) for i in range(3)], counts)
-    out = tmp_path / "split"
-    assert cli.main(["plan", "--histograms", tables.KEY_HISTOGRAMS.path(), "--instances",
-                     str(N), "--windows", "3", "--theta", "0.1", "--split-keys",
-                     "--out", str(out)]) == 0, capsys.readouterr().err
-    capsys.readouterr()
+    out = _split_plan(spark, tmp_path, capsys)
     assert cli.main(["apply", "--plan", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the plan splits 1 key(s), but the job 'keyed' does not merge " \
