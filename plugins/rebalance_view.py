@@ -45,11 +45,19 @@ app = FastAPI(title="Rebalance", description=__doc__.split("\n\n")[0],
 
 
 def _spark():
+    """The session the view reads with: none for local tables (read through delta-rs in
+    the api-server, no JVM round trip: a page in well under a second); else the Spark
+    Connect server of ``make up``."""
     from rebalance.control.inputs import spark_session
+    from rebalance.spark import tables
+    from rebalance.spark.paths import local_path
 
+    if local_path(tables.tables_root()) is not None:
+        return None
     if not os.environ.get("REBALANCE_SPARK_REMOTE"):
-        raise HTTPException(503, "the Rebalance view reads through the Spark Connect server of "
-                                 "`make up` (REBALANCE_SPARK_REMOTE is not set in the api-server)")
+        raise HTTPException(503, "the Rebalance view reads tables under a URI through the Spark "
+                                 "Connect server of `make up` (REBALANCE_SPARK_REMOTE is not set "
+                                 "in the api-server)")
     return spark_session()
 
 

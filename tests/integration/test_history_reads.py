@@ -2,9 +2,9 @@
 
 The service commits to ``events`` every generator batch and to ``assignments`` every
 apply, for months; a read of the whole history (``DESCRIBE HISTORY`` without a limit)
-costs more every day. :func:`rebalance.spark.tables.commits` pages newest first, so the
-callers that look for a recent commit read only the newest ones. The pages are made
-small here (2) so a short table has several.
+costs more every day. :func:`rebalance.spark.tables.commits` pages newest first
+(:func:`rebalance.spark.delta_rs.commits`), so the callers that look for a recent commit
+read only the newest ones. The pages are made small here (2) so a short table has several.
 """
 
 from __future__ import annotations
@@ -16,18 +16,19 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def paged(monkeypatch):
-    """``tables.history`` recording the limit of every read, on pages of 2."""
-    from rebalance.spark import tables
+    """``delta_rs.history`` (every history read) recording the limit of every read, on
+    pages of 2."""
+    from rebalance.spark import delta_rs
 
     limits: list[int | None] = []
-    real = tables.history
+    real = delta_rs.history
 
-    def spy(spark, table, root=None, limit=None):
+    def spy(path, limit=None):
         limits.append(limit)
-        return real(spark, table, root, limit)
+        return real(path, limit)
 
-    monkeypatch.setattr(tables, "FIRST_PAGE", 2)
-    monkeypatch.setattr(tables, "history", spy)
+    monkeypatch.setattr(delta_rs, "FIRST_PAGE", 2)
+    monkeypatch.setattr(delta_rs, "history", spy)
     return limits
 
 
@@ -103,8 +104,8 @@ def test_the_generator_asks_for_its_newest_batch_only(spark, tmp_path, paged):
 
 
 def test_the_cooldown_reads_the_newest_live_interval_end_as_the_records_give_it(spark, tmp_path):
-    """``last_live_plan_before`` (the detect task's cooldown, once per run) is computed by
-    Spark from two columns; it gives what the full records give."""
+    """``last_live_plan_before`` (the detect task's cooldown, once per run) is computed
+    from three columns of the live plans; it gives what the full records give."""
     import datetime as dt
 
     from rebalance.core.records import LIVE_STATUSES, PlanRecord

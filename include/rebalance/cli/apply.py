@@ -73,6 +73,16 @@ def cli_spark_session():
         return spark_session()
 
 
+def cli_read_session():
+    """The session a command that only reads needs: none when the tables are local (they
+    are read through delta-rs, :mod:`rebalance.spark.delta_rs`: no JVM starts), else
+    :func:`cli_spark_session`."""
+    from rebalance.spark import tables
+    from rebalance.spark.paths import local_path
+
+    return None if local_path(tables.tables_root()) is not None else cli_spark_session()
+
+
 def refuse_unreadable_tables(spark, root=None) -> None:
     """One line naming the path of a project table that exists but is no readable Delta
     table (corrupt ``_delta_log``, a plain folder), before any command reads it."""
@@ -410,13 +420,14 @@ def latest_window_imbalance(spark, n_instances: int, n_windows: int
 def status(args: argparse.Namespace) -> int:
     """``rebalance status``."""
     from rebalance.cli import UserError
-    from rebalance.control.inputs import plan_store
     from rebalance.core.records import STATUS_ORDER, PlanStatus
     from rebalance.spark import tables
 
     if not 1 <= args.windows <= MAX_STATUS_WINDOWS:
         raise UserError(f"--windows must be within [1, {MAX_STATUS_WINDOWS}], got {args.windows}")
-    spark = cli_spark_session()
+    from rebalance.spark.plan_store import PlanStore
+
+    spark = cli_read_session()
     refuse_unreadable_tables(spark)
     if not tables.exists(spark, tables.ASSIGNMENTS):
         print("no assignments table yet: the streaming job creates it at start")
@@ -431,7 +442,7 @@ def status(args: argparse.Namespace) -> int:
     for start, value, version in windows:
         shown = "- (no load)" if value is None else f"{value:.3f}"
         print(f"window {start}: imbalance {shown} (assignment v{version})")
-    plans = plan_store(spark).plans()
+    plans = PlanStore(spark).plans()
     if not plans:
         print("last plan: none")
         return 0

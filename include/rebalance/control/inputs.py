@@ -40,7 +40,13 @@ CONTROL_PLANE_CONF = {"spark.databricks.delta.snapshotPartitions": str(SNAPSHOT_
 
 
 def spark_session():
-    """The project session (:func:`rebalance.spark.session.get_spark`), tuned for small tables."""
+    """The project session (:func:`rebalance.spark.session.get_spark`), tuned for small
+    tables, started on first use: a task that only reads local tables (through delta-rs,
+    :mod:`rebalance.spark.delta_rs`) never connects to Spark."""
+    return _LazySession()
+
+
+def _start_session():
     from rebalance.spark.session import get_spark
 
     spark = get_spark("rebalance-dag", conf=CONTROL_PLANE_CONF)
@@ -49,6 +55,19 @@ def spark_session():
             spark.conf.set(key, value)
     return spark
 
+
+class _LazySession:
+    """A Spark session that starts (or connects) when something of it is first used."""
+
+    def __init__(self) -> None:
+        self._session = None
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if self._session is None:
+            self._session = _start_session()
+        return getattr(self._session, name)
 
 
 def plan_store(spark=None) -> PlanStore:
@@ -209,43 +228,47 @@ def _windows_text(run: RunInfo, lookback: int) -> str:
 
 def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dict[str, Any]]]:
     """Latest key_histograms version and the last ``lookback`` windows starting in the interval."""
-    from pyspark.sql import functions as F
-
     from rebalance.spark import tables
 
     if not tables.exists(spark, tables.KEY_HISTOGRAMS):
         raise RunSkipped(f"no key histograms stored yet at {tables.KEY_HISTOGRAMS.path()}")
     version = int(tables.history(spark, tables.KEY_HISTOGRAMS, limit=1)[0].version)
-    df = tables.read(spark, tables.KEY_HISTOGRAMS, version=version)
+    filters = []
     if run.end is not None:
-        df = df.where(F.col("window_start") < F.lit(run.end))
+        filters.append(("window_start", "<", run.end))
     if run.start is not None and run.start != run.end:
-        df = df.where(F.col("window_start") >= F.lit(run.start))
-    rows = (df.groupBy("window_start")
-            .agg(F.sum("count").alias("events"), F.max("assignment_version").alias("av"))
-            .orderBy(F.col("window_start").desc()).limit(lookback).collect())
-    windows = [{"window_start": as_utc(r.window_start).isoformat(), "events": int(r.events or 0),
-                "assignment_version": int(r.av or 0)} for r in reversed(rows)]
+        filters.append(("window_start", ">=", run.start))
+    pdf = tables.read_pandas(spark, tables.KEY_HISTOGRAMS, version=version, filters=filters,
+                             columns=["window_start", "count", "assignment_version"])
+    if pdf is None or pdf.empty:
+        return version, []
+    per_window = (pdf.groupby("window_start")
+                  .agg(events=("count", "sum"), av=("assignment_version", "max"))
+                  .sort_index().tail(lookback))
+    windows = [{"window_start": as_utc(w).isoformat(), "events": _int(r.events),
+                "assignment_version": _int(r.av)} for w, r in per_window.iterrows()]
     return version, windows
+
+
+def _int(value) -> int:
+    return 0 if value is None or pd.isna(value) else int(value)
 
 
 def load_rows(spark, inputs: Mapping[str, Any]) -> pd.DataFrame:
     """The histogram rows of the pinned windows (one Delta version of ``key_histograms``),
     merged per (window, key): ``window_start, key, count, cost, state_bytes``."""
-    from pyspark.sql import functions as F
-
     from rebalance.spark import tables
 
     windows = list(inputs["windows"])
-    df = (tables.read(spark, tables.KEY_HISTOGRAMS, version=int(inputs["key_histograms_version"]))
-          .where(F.col("window_start").isin([as_utc(w) for w in windows]))
-          .groupBy("window_start", "key")
-          .agg(F.sum("count").alias("count"), F.sum("cost").alias("cost"),
-               F.max("state_bytes").alias("state_bytes")))
-    pdf = df.toPandas()
-    if pdf.empty:
+    pdf = tables.read_pandas(spark, tables.KEY_HISTOGRAMS,
+                             version=int(inputs["key_histograms_version"]),
+                             columns=["window_start", "key", "count", "cost", "state_bytes"],
+                             filters=[("window_start", "in", [as_utc(w) for w in windows])])
+    if pdf is None or pdf.empty:
         raise PlanningError(f"no histogram rows in windows {windows}")
-    return pdf
+    return (pdf.groupby(["window_start", "key"], as_index=False, sort=False)
+            .agg(count=("count", "sum"), cost=("cost", "sum"),
+                 state_bytes=("state_bytes", "max")))
 
 
 def base_routing(spark, inputs: Mapping[str, Any]) -> dict[str, int]:

@@ -129,7 +129,8 @@ def job_down_reason(spark) -> str | None:
         return (f"the streaming job looks down: the newest commits of results (up to "
                 f"{LIVENESS_COMMITS}) are all table maintenance; nothing is applied")
     newest = mine[0].timestamp
-    now = spark.sql("SELECT current_timestamp() AS now").first()[0]
+    # both naive UTC: the commit's own timestamp, and this machine's clock
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     age = (now - newest).total_seconds()
     limit = job_stale_seconds()
     if age <= limit:
@@ -405,25 +406,24 @@ def realised_imbalance(spark, version: int, n_instances: int,
     A window counts when every one of its rows carries ``version`` (the switch did not
     happen inside it). Returns (None, windows found) while there are not enough.
     """
-    from pyspark.sql import functions as F
-
     from rebalance.spark import tables
     from rebalance.spark.loads import window_loads
 
-    df = tables.read(spark, tables.KEY_HISTOGRAMS)
     # Only windows with a row under ``version`` can qualify: found first, with the files
     # written before the version skipped by their statistics, so a check does not group
     # the whole table by window (its cost would grow with the service's age).
-    candidates = [r.window_start for r in df.where(F.col("assignment_version") == version)
-                  .select("window_start").distinct().collect()]
+    mine = tables.read_pandas(spark, tables.KEY_HISTOGRAMS, columns=["window_start"],
+                              filters=[("assignment_version", "=", int(version))])
+    candidates = sorted(set(mine["window_start"])) if mine is not None else []
     if not candidates:
         return None, []
-    per_window = (df.where(F.col("window_start").isin(candidates)).groupBy("window_start")
-                  .agg(F.min("assignment_version").alias("lo"),
-                       F.max("assignment_version").alias("hi"))
-                  .where((F.col("lo") == version) & (F.col("hi") == version))
-                  .orderBy("window_start").limit(n_windows).collect())
-    windows = [as_utc(r.window_start) for r in per_window]
+    rows = tables.read_pandas(spark, tables.KEY_HISTOGRAMS,
+                              columns=["window_start", "assignment_version"],
+                              filters=[("window_start", "in", candidates)])
+    span = rows.groupby("window_start")["assignment_version"].agg(["min", "max"])
+    per_window = span[(span["min"] == version) & (span["max"] == version)].sort_index()
+    per_window = per_window.head(n_windows).reset_index()
+    windows = [as_utc(w) for w in per_window["window_start"]]
     if len(windows) < n_windows:
         return None, [w.isoformat() for w in windows]
     loads = window_loads(spark, n_instances, starts=windows, source=tables.KEY_HISTOGRAMS)

@@ -22,11 +22,10 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from rebalance.core.records import as_utc
 from rebalance.spark import tables
@@ -106,13 +105,11 @@ def record_start(spark: SparkSession, config, capability: str, generation: int |
 def latest_start(spark: SparkSession, job: str,
                  root: str | Path | None = None) -> JobStart | None:
     """The newest recorded start of ``job`` (None: no ``jobs`` table, or no row of it)."""
-    if not tables.exists(spark, tables.JOBS, root):
+    rows = tables.read_rows(spark, tables.JOBS, root, filters=[("job", "=", job)])
+    if not rows:
         return None
-    row = (tables.read(spark, tables.JOBS, root).where(F.col("job") == job)
-           .orderBy(F.col("started_at").desc()).limit(1).collect())
-    if not row:
-        return None
-    r = row[0].asDict()      # a table of an earlier release has no ``splits`` yet
+    # the newest start; a table of an earlier release has no ``splits`` yet
+    r = max(rows, key=lambda r: as_utc(r["started_at"]) or datetime.min.replace(tzinfo=timezone.utc))
     return JobStart(r["job"], r["capability"], r["app"],
                     None if r["generation"] is None else int(r["generation"]),
                     as_utc(r["started_at"]), r["host"], None if r["pid"] is None else int(r["pid"]),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from rebalance.core.model import imbalance
 from rebalance.spark import tables
@@ -70,8 +71,6 @@ def window_loads(spark, n_instances: int | None, latest: int | None = None,
     """The loads of the ``latest`` windows stored, or of the windows that start at
     ``starts``, summed per instance from ``source`` (default :func:`source_table`).
     ``n_instances`` None: as many as the rows name (the highest instance + 1)."""
-    from pyspark.sql import functions as F
-
     n = max(int(n_instances or 1), 1)
     empty = WindowLoads([], np.zeros((0, n)), [], n)
     if source is None:
@@ -80,27 +79,32 @@ def window_loads(spark, n_instances: int | None, latest: int | None = None,
         source = None
     if source is None:
         return empty
-    df = tables.read(spark, source, root)
     if starts is None:
         if latest is None:
             raise ValueError("window_loads needs latest or starts")
-        starts = [r[0] for r in df.select("window_start").distinct()
-                  .orderBy(F.col("window_start").desc()).limit(int(latest)).collect()]
+        seen = tables.read_pandas(spark, source, root, columns=["window_start"])
+        starts = sorted(set(seen["window_start"]), reverse=True)[:int(latest)]
     if not starts:
         return empty
-    rows = (df.where(F.col("window_start").isin(list(starts)))
-            .groupBy("window_start", "instance")
-            .agg(F.sum(LOAD_COLUMN[source.name]).alias("load"),
-                 F.max("assignment_version").alias("version"))
-            .collect())
-    windows = sorted({r.window_start for r in rows})
-    width = max([n, *(int(r.instance) + 1 for r in rows if r.instance is not None)])
+    pdf = tables.read_pandas(spark, source, root,
+                             columns=["window_start", "instance", LOAD_COLUMN[source.name],
+                                      "assignment_version"],
+                             filters=[("window_start", "in", list(starts))])
+    windows = sorted(_datetime(w) for w in set(pdf["window_start"]))
+    width = max([n, *(int(i) + 1 for i in pdf["instance"].dropna())])
     loads = np.zeros((len(windows), width))
     versions = {w: 0 for w in windows}
     at = {w: i for i, w in enumerate(windows)}
-    for r in rows:
-        if r.instance is not None and int(r.instance) >= 0:
-            loads[at[r.window_start], int(r.instance)] += float(r.load or 0.0)
-        versions[r.window_start] = max(versions[r.window_start], int(r.version or 0))
+    for (start, instance), group in pdf.groupby(["window_start", "instance"], dropna=False):
+        w = _datetime(start)
+        if not pd.isna(instance) and int(instance) >= 0:
+            loads[at[w], int(instance)] += float(group[LOAD_COLUMN[source.name]].sum())
+        top = group["assignment_version"].max()
+        versions[w] = max(versions[w], 0 if pd.isna(top) else int(top))
     return WindowLoads(windows, loads, [versions[w] for w in windows],
                        n if n_instances else width)
+
+
+def _datetime(value) -> dt.datetime:
+    """A window start as Spark's rows give it: a naive UTC ``datetime``."""
+    return value.to_pydatetime() if hasattr(value, "to_pydatetime") else value

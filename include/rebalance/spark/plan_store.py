@@ -122,6 +122,10 @@ def is_conflict(exc: BaseException) -> bool:
     return "Concurrent" in f"{type(exc).__name__} {str(exc)[:500]}"
 
 
+def _created(record: PlanRecord) -> dt.datetime:
+    return record.created_at or dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+
+
 def _sql_str(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("'", "\\'")
 
@@ -148,24 +152,23 @@ class PlanStore:
                 self._add_leases([APPLY_LEASE])
             self._ready.add(table.name)
 
-    def df(self, table: Table):
-        """The table's rows; an empty frame of its schema when it was never written."""
-        if table.name not in self._ready and not tables.exists(self.spark, table, self.root):
-            return self.spark.createDataFrame([], table.schema)
-        self.ensure(table)
-        return self.spark.read.format("delta").load(self.path(table))
-
     def _add_leases(self, names: list[str]) -> None:
         rows = [(name, None, None, None) for name in names]
         tables.append(self.spark.createDataFrame(rows, CONTROL.schema), CONTROL, self.root,
                       metadata={"action": "create-leases", "leases": names},
                       txn=(f"control:{','.join(names)}", 0))
 
+    def rows(self, table: Table, filters: list[tuple] | None = None,
+             columns: list[str] | None = None) -> list[dict[str, Any]]:
+        """Rows of a table matching ``filters`` (:func:`rebalance.spark.tables.read_rows`:
+        through delta-rs under a local root, no Spark job); empty when never written."""
+        return tables.read_rows(self.spark, table, self.root, columns=columns, filters=filters)
+
     # ------------------------------------------------------------------ plans
     def get(self, plan_id: str) -> PlanRecord | None:
         """The plan with this id, or None."""
-        rows = self.df(PLANS).where(f"plan_id = '{_sql_str(plan_id)}'").limit(1).collect()
-        return PlanRecord.from_row(rows[0].asDict()) if rows else None
+        rows = self.rows(PLANS, [("plan_id", "=", plan_id)])
+        return PlanRecord.from_row(rows[0]) if rows else None
 
     def require(self, plan_id: str) -> PlanRecord:
         record = self.get(plan_id)
@@ -175,38 +178,33 @@ class PlanStore:
 
     def find_for_run(self, dag_id: str, run_id: str) -> PlanRecord | None:
         """The plan a DAG run stored (its retries reuse its inputs), or None."""
-        rows = (self.df(PLANS)
-                .where(f"dag_id = '{_sql_str(dag_id)}' AND run_id = '{_sql_str(run_id)}'")
-                .orderBy("created_at").limit(1).collect())
-        return PlanRecord.from_row(rows[0].asDict()) if rows else None
+        rows = self.rows(PLANS, [("dag_id", "=", dag_id), ("run_id", "=", run_id)])
+        records = sorted((PlanRecord.from_row(r) for r in rows), key=_created)
+        return records[0] if records else None
 
     def plans(self, statuses: tuple[str, ...] | None = None) -> list[PlanRecord]:
         """All plans, oldest first (optionally only some statuses)."""
-        df = self.df(PLANS)
-        if statuses:
-            df = df.where(df.status.isin(list(statuses)))
-        return [PlanRecord.from_row(r.asDict())
-                for r in df.orderBy("created_at", "plan_id").collect()]
+        rows = self.rows(PLANS, [("status", "in", list(statuses))] if statuses else None)
+        return sorted((PlanRecord.from_row(r) for r in rows),
+                      key=lambda r: (_created(r), r.plan_id))
 
     def last_live_plan_before(self, when: dt.datetime, exclude_run: str | None = None) -> dt.datetime | None:
         """End of the data interval of the latest plan that went live, among those planned
         on data up to ``when`` (excluding one run's plans). Data-interval time, so the
         cooldown holds for backfills and replays too; a rollback (no interval) counts at
         the time it was applied."""
-        # The detect task asks once per run: two columns of the live plans are read, and the
-        # newest interval end is found by Spark, not every live plan's record (their inputs
-        # and metrics make the rows large, and there are more every day).
-        from pyspark.sql import functions as F
-
-        end = F.col("data_interval_end")
-        live = (self.df(PLANS).where(F.col("status").isin(list(LIVE_STATUSES)))
-                .where(~F.col("run_id").eqNullSafe(F.lit(exclude_run))))
-        row = live.select(
-            F.max(F.when(end <= F.lit(when), end)).alias("latest"),
-            F.collect_list(F.when(end.isNull(), F.col("verification"))).alias("rollbacks"),
-        ).first()
-        times = [as_utc(json.loads(v or "{}").get("applied_at")) for v in row.rollbacks]
-        times = [t for t in [as_utc(row.latest), *times] if t is not None and t <= when]
+        # The detect task asks once per run: three columns of the live plans are read, not
+        # every live plan's record (their inputs and metrics make the rows large).
+        rows = self.rows(PLANS, [("status", "in", list(LIVE_STATUSES))],
+                         ["run_id", "data_interval_end", "verification"])
+        times = []
+        for row in rows:
+            if exclude_run is not None and row["run_id"] == exclude_run:
+                continue
+            end = as_utc(row["data_interval_end"])
+            times.append(end if end is not None else
+                         as_utc(json.loads(row["verification"] or "{}").get("applied_at")))
+        times = [t for t in times if t is not None and t <= when]
         return max(times) if times else None
 
     def propose(self, record: PlanRecord, frame: pd.DataFrame) -> PlanRecord:
@@ -280,8 +278,11 @@ class PlanStore:
 
     def frame(self, plan_id: str) -> pd.DataFrame:
         """The stored assignment frame of a plan, sorted by key."""
-        pdf = (self.df(PLAN_ASSIGNMENTS).where(f"plan_id = '{_sql_str(plan_id)}'")
-               .drop("plan_id").toPandas())
+        pdf = tables.read_pandas(self.spark, PLAN_ASSIGNMENTS, self.root,
+                                 filters=[("plan_id", "=", plan_id)])
+        if pdf is None:
+            pdf = pd.DataFrame(columns=PLAN_ASSIGNMENTS.columns)
+        pdf = pdf.drop(columns=["plan_id"])
         return pdf.sort_values("key", kind="stable").reset_index(drop=True)
 
     # ------------------------------------------------------------------ lease
@@ -322,11 +323,11 @@ class PlanStore:
 
     def lease_holder(self, name: str) -> str | None:
         """Holder of the named lease while it is live, else None."""
-        rows = self.df(CONTROL).where(f"name = '{_sql_str(name)}'").collect()
-        if not rows or rows[0].holder is None:
+        rows = self.rows(CONTROL, [("name", "=", name)])
+        if not rows or rows[0]["holder"] is None:
             return None
-        expires = as_utc(rows[0].expires_at)
-        return rows[0].holder if expires is not None and expires >= utcnow() else None
+        expires = as_utc(rows[0]["expires_at"])
+        return rows[0]["holder"] if expires is not None and expires >= utcnow() else None
 
     @contextmanager
     def lease(self, name: str, holder: str, ttl_seconds: float = 900) -> Iterator[None]:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from numbers import Integral
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -67,7 +68,9 @@ from rebalance.core.assignment import (  # noqa: F401 (part of this module's API
     validate_routing,
     validate_splits,
 )
-from rebalance.spark.paths import data_dir, local_path
+from rebalance.spark import delta_rs
+from rebalance.spark.delta_rs import Commit  # noqa: F401 (part of this module's API)
+from rebalance.spark.paths import data_dir
 
 
 class TableError(RuntimeError):
@@ -205,16 +208,6 @@ def get_table(name: str) -> Table:
         raise TableError(f"unknown table {name!r}; known tables: {', '.join(TABLES)}") from None
 
 
-@dataclass(frozen=True)
-class Commit:
-    """One entry of a table's Delta history."""
-
-    version: int
-    timestamp: datetime
-    operation: str
-    metadata: dict[str, Any]
-
-
 # --------------------------------------------------------------------------- generic I/O
 
 def sql_name(table: Table | str, root: str | Path | None = None) -> str:
@@ -225,46 +218,35 @@ def sql_name(table: Table | str, root: str | Path | None = None) -> str:
     return "delta.`" + str(path).replace("`", "``") + "`"
 
 
-def exists(spark: SparkSession, table: Table, root: str | Path | None = None) -> bool:
-    """Whether the table exists (as a Delta table) under ``root``.
-
-    A local path is checked on the file system (no Spark round trip); a URI (``s3a://``,
-    ``hdfs://`` ...) by asking Delta for the table's details.
-    """
-    path = table.path(root)
-    folder = local_path(path)
-    if folder is not None:
-        log = folder / "_delta_log"
-        return log.is_dir() and any(log.glob("*.json"))
-    try:
-        spark.sql(f"DESCRIBE DETAIL {sql_name(path)}").collect()
-    except Exception:  # noqa: BLE001 - Delta's "not a Delta table" / path-not-found errors
-        return False
-    return True
+def exists(spark: SparkSession | None, table: Table, root: str | Path | None = None) -> bool:
+    """Whether the table exists (as a Delta table) under ``root``: a commit in its log
+    folder, one directory listing (``spark`` is not used)."""
+    return delta_rs.exists(table.path(root))
 
 
-def check_readable(spark: SparkSession, table: Table, root: str | Path | None = None) -> None:
+def check_readable(spark: SparkSession | None, table: Table,
+                   root: str | Path | None = None) -> None:
     """Refuse (:class:`UnreadableTableError`, naming the path) a table folder that is not
-    a readable Delta table: files but no ``_delta_log`` (a local path), or a log Delta
-    cannot read (garbage commit JSON, missing files). A table that does not exist passes.
-    For commands that only read; writers create missing tables (:func:`ensure_table`)."""
+    a readable Delta table: files but no ``_delta_log``, or a log Delta cannot read
+    (garbage commit JSON, a missing checkpoint). A table that does not exist passes.
+    For commands that only read; writers create missing tables (:func:`ensure_table`).
+    Read through delta-rs (``spark`` is not used)."""
     path = table.path(root)
-    folder = local_path(path)
-    if folder is not None:
-        if folder.exists() and not folder.is_dir():
-            raise UnreadableTableError(f"table {table.name!r} at {folder} is not a folder")
-        if folder.is_dir() and not (folder / "_delta_log").is_dir() and any(
-                not p.name.startswith((".", "_")) for p in folder.iterdir()):
-            raise UnreadableTableError(f"table {table.name!r} at {folder} is not a Delta table "
-                                       "(files but no _delta_log)")
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UnreadableTableError(f"table {table.name!r} at {folder} is not a folder")
+    if folder.is_dir() and not (folder / "_delta_log").is_dir() and any(
+            not p.name.startswith((".", "_")) for p in folder.iterdir()):
+        raise UnreadableTableError(f"table {table.name!r} at {folder} is not a Delta table "
+                                   "(files but no _delta_log)")
     if not exists(spark, table, root):
         return
     try:
-        spark.sql(f"DESCRIBE HISTORY {sql_name(path)} LIMIT 1").collect()
-        spark.read.format("delta").load(str(path)).limit(0).collect()
-    except Exception as exc:  # noqa: BLE001 - any Spark/Delta failure: the table is unreadable
-        raise UnreadableTableError(f"table {table.name!r} at {path} cannot be read as a Delta "
-                                   f"table: {spark_message(exc)}") from None
+        delta_rs.history(path, 1)
+        delta_rs.table(path).schema()
+    except delta_rs.DeltaReadError as exc:
+        raise UnreadableTableError(f"table {table.name!r} at {path} cannot be read as a "
+                                   f"Delta table: {exc}") from None
 
 
 def spark_message(exc: BaseException, limit: int = 300) -> str:
@@ -298,7 +280,7 @@ def ensure_table(spark: SparkSession, table: Table, root: str | Path | None = No
     """
     path = table.path(root)
     if exists(spark, table, root):
-        have = set(spark.read.format("delta").load(str(path)).columns)
+        have = set(delta_rs.columns(path))
         missing = [f for f in table.schema.fields if f.name not in have]
         if missing:
             spark.sql(f"ALTER TABLE {sql_name(path)} ADD COLUMNS (" + ", ".join(
@@ -380,6 +362,24 @@ def append(df: DataFrame, table: Table, root: str | Path | None = None,
     writer.save(table.path(root))
 
 
+def read_pandas(spark: SparkSession | None, table: Table, root: str | Path | None = None,
+                version: int | None = None, columns: list[str] | None = None,
+                filters: list[tuple] | None = None):
+    """The table's rows as pandas (``toPandas()`` shapes), those matching ``filters``
+    (DNF tuples, ``[("plan_id", "=", "p1")]``), at ``version`` if given; None when the
+    table does not exist. Read through delta-rs in this process, no Spark job
+    (:mod:`rebalance.spark.delta_rs`; ``spark`` is not used)."""
+    return delta_rs.read(table.path(root), columns, version, filters)
+
+
+def read_rows(spark: SparkSession | None, table: Table, root: str | Path | None = None,
+              version: int | None = None, columns: list[str] | None = None,
+              filters: list[tuple] | None = None) -> list[dict[str, Any]]:
+    """The rows matching ``filters`` as dicts (NULL as None, TIMESTAMP values as aware
+    UTC datetimes); empty when the table does not exist. As :func:`read_pandas`."""
+    return delta_rs.rows(table.path(root), columns, version, filters)
+
+
 def read(spark: SparkSession, table: Table, root: str | Path | None = None,
          version: int | None = None) -> DataFrame:
     """The table (at ``version`` if given), with a clear error when it does not exist."""
@@ -392,57 +392,34 @@ def read(spark: SparkSession, table: Table, root: str | Path | None = None,
     return reader.load(path)
 
 
-def history(spark: SparkSession, table: Table, root: str | Path | None = None,
+def history(spark: SparkSession | None, table: Table, root: str | Path | None = None,
             limit: int | None = None) -> list[Commit]:
-    """The table's commits, newest first, with userMetadata parsed as JSON (``{}`` if none)."""
+    """The table's commits, newest first, with userMetadata parsed as JSON (``{}`` if none),
+    read from its log through delta-rs (no Spark job; ``spark`` is not used)."""
     if not exists(spark, table, root):
         raise TableError(f"table {table.name!r} does not exist at {table.path(root)}")
-    query = f"DESCRIBE HISTORY {sql_name(table, root)}" + (f" LIMIT {int(limit)}" if limit else "")
-    rows = spark.sql(query).select("version", "timestamp", "operation", "userMetadata").collect()
-    return [Commit(r.version, r.timestamp, r.operation, _parse_metadata(r.userMetadata))
-            for r in sorted(rows, key=lambda r: -r.version)]
+    return delta_rs.history(table.path(root), limit)
 
 
-#: The first page of :func:`commits`; each next page is twice as large.
-FIRST_PAGE = 16
-
-
-def commits(spark: SparkSession, table: Table, root: str | Path | None = None,
+def commits(spark: SparkSession | None, table: Table, root: str | Path | None = None,
             after: int | None = None) -> Iterator[Commit]:
     """The table's commits newest first (those with a version above ``after`` when given),
-    read in pages that double in size: a caller that stops at the commit it looks for
-    reads about twice the commits newer than it, however old the table is (``history``
-    without a limit reads every commit the log still holds). A commit made while it
-    pages is not yielded: versions only go down."""
-    size, below = FIRST_PAGE, None
-    while True:
-        page = history(spark, table, root, limit=size)
-        for commit in page:
-            if after is not None and commit.version <= after:
-                return
-            if below is None or commit.version < below:
-                below = commit.version
-                yield commit
-        if len(page) < size or (page and page[-1].version == 0):
+    read in pages that double in size (:func:`rebalance.spark.delta_rs.commits`): a
+    caller that stops at the commit it looks for reads about twice the commits newer than
+    it, however old the table is. A commit made while it pages is not yielded."""
+    path = table.path(root)
+    if not exists(spark, table, root):
+        raise TableError(f"table {table.name!r} does not exist at {path}")
+    for commit in delta_rs.commits(path):
+        if after is not None and commit.version <= after:
             return
-        size *= 2
-
-
-def _parse_metadata(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return {"text": text}
-    return value if isinstance(value, dict) else {"value": value}
+        yield commit
 
 
 def table_property(spark: SparkSession, table: Table, name: str,
                    root: str | Path | None = None) -> str | None:
-    """A table property (``TBLPROPERTIES``), or None when it is not set."""
-    props = spark.sql(f"DESCRIBE DETAIL {sql_name(table, root)}").select("properties").first()[0]
-    return props.get(name)
+    """A table property (``TBLPROPERTIES``), or None when it is not set (delta-rs)."""
+    return delta_rs.properties(table.path(root)).get(name)
 
 
 # --------------------------------------------------------------------------- assignments
@@ -557,14 +534,10 @@ def assignment_rows(spark: SparkSession, root: str | Path | None = None,
 def read_assignment(spark: SparkSession, version: int | None = None,
                     root: str | Path | None = None) -> Assignment:
     """The assignment at ``version`` (default: the latest), read from one snapshot."""
-    rows = assignment_rows(spark, root, version).collect()
-    seen = max((r.assignment_version for r in rows), default=None)
-    resolved = int(seen) if seen is not None else 0
+    rows, resolved, meta, n_instances = _snapshot_assignment(ASSIGNMENTS.path(root), version)
     if version is not None and rows and resolved != version:
         raise AssignmentError(f"version {version} of the assignments table is not a publish "
                               f"(its data was published in version {resolved})")
-    meta = next((c.metadata for c in commits(spark, ASSIGNMENTS, root, after=resolved - 1)
-                 if c.version == resolved), {})
     routing = {r.key: int(r.instance) for r in rows if r.key is not None and r.share is None}
     splits: dict[str, dict[int, float]] = {}
     for r in rows:
@@ -572,14 +545,36 @@ def read_assignment(spark: SparkSession, version: int | None = None,
             splits.setdefault(r.key, {})[int(r.instance)] = float(r.share)
     splits = {k: dict(sorted(parts.items())) for k, parts in sorted(splits.items())}
     routing.update({k: primary_instance(parts) for k, parts in splits.items()})
-    return Assignment(resolved, assignments_n_instances(spark, root), dict(sorted(routing.items())),
-                      meta, splits)
+    return Assignment(resolved, n_instances, dict(sorted(routing.items())), meta, splits)
+
+
+def _snapshot_assignment(path: str, version: int | None):
+    """(rows, publish version, its commit metadata, n_instances) of the assignments table
+    at ``version`` (newest if None), through delta-rs. The publish that wrote the
+    snapshot's rows is its newest commit of kind ``assignment`` (every publish is an
+    overwrite, and nothing else writes data): the version Spark reads as the rows'
+    ``_metadata.row_commit_version``."""
+    t = delta_rs.table(path, version)
+    if t is None:
+        raise TableError(f"table 'assignments' does not exist at {path}")
+    value = dict(t.metadata().configuration).get(N_INSTANCES_PROPERTY)
+    if value is None:
+        raise AssignmentError(f"assignments table at {path} has no "
+                              f"{N_INSTANCES_PROPERTY} property")
+    frame = delta_rs.read_arrow_of(t, ["key", "instance", "share"]).to_pylist()
+    rows = [SimpleNamespace(key=r.get("key"), instance=r.get("instance"), share=r.get("share"))
+            for r in frame]
+    publish = next((c for c in delta_rs.commits(path, int(t.version()))
+                    if c.metadata.get("kind") == "assignment"), None)
+    if publish is None:
+        return rows, 0, {}, int(value)
+    return rows, publish.version, publish.metadata, int(value)
 
 
 def latest_assignment_version(spark: SparkSession, root: str | Path | None = None) -> int:
     """Version of the latest publish (0 when nothing was published yet)."""
-    seen = assignment_rows(spark, root).agg(F.max("assignment_version")).first()[0]
-    return int(seen) if seen is not None else 0
+    return next((c.version for c in commits(spark, ASSIGNMENTS, root)
+                 if c.metadata.get("kind") == "assignment"), 0)
 
 
 def assignment_history(spark: SparkSession, root: str | Path | None = None,

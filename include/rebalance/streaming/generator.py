@@ -250,10 +250,13 @@ def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
     (a batch at or below the newest of this stream in the table is skipped and not
     returned: its transaction id is not above the one recorded).
 
-    Idempotent: each append is a Delta transaction ``(generator-<fingerprint>, batch)``,
-    so a batch already appended is skipped (also when two writers race).
+    Idempotent: each append records the Delta transaction ``(generator-<fingerprint>,
+    batch)``, and a batch whose transaction the table already recorded is skipped. Written
+    through delta-rs (:func:`rebalance.spark.delta_rs.append`), no Spark job.
     """
-    from rebalance.spark import tables
+    import pyarrow as pa
+
+    from rebalance.spark import delta_rs, tables
 
     tables.ensure_table(spark, tables.EVENTS, root)
     config = generator.config
@@ -264,14 +267,17 @@ def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
         if last is not None and b <= last:   # Delta's transaction would skip it
             continue
         generated = generator.batch(b)
-        df = spark.createDataFrame(generated.events, schema=tables.EVENTS.schema).coalesce(1)
         interval = b // config.interval_batches
         meta = {"kind": COMMIT_KIND, "batch": b, "config": config.to_dict(),
                 "interval": interval,
                 "fluctuation_change": round(generator.fluctuation_change(interval), 6),
                 "malformed": int(generated.malformed.notna().sum())}
-        tables.append(df, tables.EVENTS, root, metadata=meta,
-                      txn=(f"generator-{config.fingerprint()}", b))
+        # through delta-rs in this process: no Spark job per batch (events has no writer
+        # features); the same metadata and transaction id as a Spark append
+        events = pa.Table.from_pandas(generated.events.loc[:, tables.EVENTS.columns],
+                                      preserve_index=False)
+        delta_rs.append(tables.EVENTS.path(root), events, metadata=meta,
+                        txn=(f"generator-{config.fingerprint()}", b))
         written.append(b)
     return written
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
+from rebalance.core.records import as_utc
 from rebalance.spark import tables
 from rebalance.spark.paths import log_version
 from rebalance.spark.plan_store import CONFLICT_BACKOFF_SECONDS, CONFLICT_RETRIES, is_conflict, utcnow
@@ -146,11 +146,12 @@ class RestartControl:
                 return []
             # the version listed before the read: a commit in between makes the next call
             # read again (the cache is never newer than the key it is stored under claims)
-            rows = (tables.read(self.spark, tables.RESTARTS, self.root)
-                    .where(F.col("job") == self.job).collect())
-            rows = sorted(rows, key=lambda r: (r.at, STEPS[r.step]))
-            steps = [Step(r.request_id, r.step, r.generation, r.assignment_version,
-                          r.n_instances, r.checkpoint, json.loads(r.detail or "{}"), r.at)
+            rows = tables.read_rows(self.spark, tables.RESTARTS, self.root,
+                                    filters=[("job", "=", self.job)])
+            rows = sorted(rows, key=lambda r: (as_utc(r["at"]), STEPS[r["step"]]))
+            steps = [Step(r["request_id"], r["step"], r["generation"], r["assignment_version"],
+                          r["n_instances"], r["checkpoint"], json.loads(r["detail"] or "{}"),
+                          as_utc(r["at"]))
                      for r in rows]
             self._cached = None if version is None else (version, steps)
         return [s for s in steps if request_id is None or s.request_id == request_id]

@@ -1,0 +1,241 @@
+"""Delta tables through delta-rs, in the calling process: no JVM, no Spark job.
+
+The control plane asks Delta many small questions (a plan's record, the lease, the newest
+assignment, a table's history, the histogram rows of a few windows). Each is a Spark job
+when asked through a session: a round trip of one to several seconds on Spark Connect,
+and a JVM start for a command line. delta-rs answers them from the table's log and
+Parquet files in milliseconds. Every table the project writes is readable by it (reader
+protocol 1).
+
+Writes stay on Spark (:mod:`rebalance.spark.tables`): UPDATEs with their conflict
+retries, the ``assignments`` table (row tracking, a writer feature), the streaming job.
+The one write here is :func:`append` to a table without writer features (the event
+generator's batches: ``events`` is writer protocol 2), with the same commit metadata and
+transaction id a Spark append carries.
+
+A read sees one committed snapshot: the newest, or the ``version`` asked for (time
+travel). Results look like Spark's ``toPandas()``: TIMESTAMP columns as naive UTC
+datetimes (the project's sessions run in UTC), so callers treat both engines' rows alike.
+Tables are local folders (or ``file://`` URIs), as :func:`rebalance.spark.tables.tables_root`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from rebalance.spark.paths import local_path
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One entry of a table's Delta history."""
+
+    version: int
+    timestamp: datetime
+    operation: str
+    metadata: dict[str, Any]
+
+
+class DeltaReadError(RuntimeError):
+    """A table that exists but cannot be read (naming the path and delta-rs' reason)."""
+
+
+def local(path: str | Path) -> Path | None:
+    """The folder of a local table path or ``file://`` URI, None for another URI."""
+    return local_path(path)
+
+
+def exists(path: str | Path) -> bool:
+    """Whether a local folder holds a Delta table (a commit in its ``_delta_log``): one
+    directory listing."""
+    folder = local(path)
+    if folder is None:
+        raise ValueError(f"not a local table path: {path}")
+    log = folder / "_delta_log"
+    return log.is_dir() and any(log.glob("*.json"))
+
+
+def table(path: str | Path, version: int | None = None):
+    """The ``deltalake.DeltaTable`` at ``version`` (default: newest), None when the table
+    does not exist; :class:`DeltaReadError` when its log cannot be read."""
+    from deltalake import DeltaTable
+
+    if not exists(path):
+        return None
+    try:
+        return DeltaTable(str(local(path)), version=version)
+    except Exception as exc:  # noqa: BLE001 - delta-rs raises several kinds for a bad log
+        raise DeltaReadError(f"{path}: {_first_line(exc)}") from None
+
+
+def columns(path: str | Path) -> list[str]:
+    """The table's column names (empty when it does not exist)."""
+    t = table(path)
+    return [] if t is None else _names(t)
+
+
+def _names(t) -> list[str]:
+    return list(pa.schema(t.schema().to_arrow()).names)
+
+
+def version(path: str | Path) -> int | None:
+    """Newest committed version of the table (None when it does not exist)."""
+    t = table(path)
+    return None if t is None else int(t.version())
+
+
+def read(path: str | Path, columns: list[str] | None = None, version: int | None = None,
+         filters: list[tuple] | None = None) -> pd.DataFrame | None:
+    """The table's rows as pandas (those matching ``filters``, DNF tuples such as
+    ``[("plan_id", "=", "p1")]``), at ``version`` if given; None when it does not exist.
+    TIMESTAMP columns come as naive UTC datetimes, as from Spark's ``toPandas()``."""
+    t = table(path, version)
+    if t is None:
+        return None
+    return to_pandas(read_arrow_of(t, columns, filters))
+
+
+def rows(path: str | Path, columns: list[str] | None = None, version: int | None = None,
+         filters: list[tuple] | None = None) -> list[dict[str, Any]]:
+    """The rows matching ``filters`` as dicts of Python values (TIMESTAMP values as aware
+    UTC datetimes, NULL as None); empty when the table does not exist."""
+    t = table(path, version)
+    return [] if t is None else read_arrow_of(t, columns, filters).to_pylist()
+
+
+def read_arrow_of(t, columns: list[str] | None = None,
+                  filters: list[tuple] | None = None) -> pa.Table:
+    """The rows of an open ``DeltaTable`` as an Arrow table (columns the table lacks are
+    left out: a table written before a column was added)."""
+    have = set(_names(t)) if columns is not None else None
+    cols = None if columns is None else [c for c in columns if c in have]
+    try:
+        return t.to_pyarrow_table(columns=cols, filters=_utc_filters(filters) or None)
+    except Exception as exc:  # noqa: BLE001 - a missing or unreadable data file
+        raise DeltaReadError(f"{t.table_uri}: {_first_line(exc)}") from None
+
+
+def _utc_filters(filters: list[tuple] | None) -> list[tuple] | None:
+    """Filters with naive datetimes read as UTC (TIMESTAMP columns are UTC in Arrow, and
+    Arrow does not compare a zoned timestamp with a naive one)."""
+    def utc(value):
+        if isinstance(value, (list, tuple, set)):
+            return [utc(v) for v in value]
+        if isinstance(value, pd.Timestamp):
+            value = value.to_pydatetime()
+        if isinstance(value, datetime) and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
+    return None if filters is None else [(name, op, utc(v)) for name, op, v in filters]
+
+
+def to_pandas(arrow: pa.Table) -> pd.DataFrame:
+    """Arrow rows as pandas the way Spark's ``toPandas()`` gives them: timestamps naive
+    in UTC (nanoseconds), strings as objects."""
+    frame = arrow.to_pandas()
+    for name, field in zip(arrow.column_names, arrow.schema):
+        if pa.types.is_timestamp(field.type):
+            col = pd.to_datetime(frame[name], utc=True)
+            frame[name] = col.dt.tz_convert("UTC").dt.tz_localize(None).astype("datetime64[ns]")
+    return frame
+
+
+def history(path: str | Path, limit: int | None = None) -> list[Commit]:
+    """The table's newest commits, newest first (at most ``limit``), userMetadata parsed
+    as JSON (``{}`` if none); empty when the table does not exist. Timestamps are naive
+    UTC, as Spark's ``DESCRIBE HISTORY`` gives them. Always of the newest snapshot:
+    delta-rs 1.6 numbers the history of a time-travelled table wrongly (the newest
+    commits, labelled from the older version down), so :func:`commits` filters instead."""
+    t = table(path)
+    if t is None:
+        return []
+    try:
+        entries = t.history(limit)
+    except Exception as exc:  # noqa: BLE001 - an unreadable commit file
+        raise DeltaReadError(f"{path}: {_first_line(exc)}") from None
+    out = [Commit(int(e["version"]),
+                  datetime.fromtimestamp((e.get("timestamp") or 0) / 1000,
+                                         timezone.utc).replace(tzinfo=None),
+                  str(e.get("operation") or ""), parse_metadata(e.get("userMetadata")))
+           for e in entries if int(e.get("version", -1)) >= 0]
+    return sorted(out, key=lambda c: -c.version)
+
+
+#: The first page of :func:`commits`; each next page is twice as large.
+FIRST_PAGE = 16
+
+
+def commits(path: str | Path, version: int | None = None):
+    """The table's commits newest first (from ``version`` down when given), read in pages
+    that double in size: a caller that stops at the commit it looks for reads about twice
+    the commits newer than it, however long the log is (a read of the whole history
+    costs more every day the table ages). A commit made while it pages is not yielded:
+    versions only go down."""
+    size, below = FIRST_PAGE, None
+    while True:
+        page = history(path, size)
+        for commit in page:
+            if version is not None and commit.version > version:
+                continue
+            if below is None or commit.version < below:
+                below = commit.version
+                yield commit
+        if len(page) < size or (page and page[-1].version == 0):
+            return
+        size *= 2
+
+
+def properties(path: str | Path) -> dict[str, str]:
+    """The table's properties (``TBLPROPERTIES``); empty when it does not exist."""
+    t = table(path)
+    return {} if t is None else dict(t.metadata().configuration)
+
+
+def append(path: str | Path, data: pa.Table, metadata: dict[str, Any] | None = None,
+           txn: tuple[str, int] | None = None) -> bool:
+    """Append ``data`` (the table's columns) as one commit, ``metadata`` as its userMetadata
+    JSON; False when skipped. ``txn = (app_id, version)`` makes it idempotent as a Spark
+    append's ``txnAppId``/``txnVersion``: skipped when the table recorded a version at or
+    above it for the app id. Only for a table without writer features (protocol 2)."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    t = table(path)
+    if t is None:
+        raise DeltaReadError(f"{path}: no Delta table to append to")
+    protocol = t.protocol()
+    if protocol.min_writer_version > 2 or protocol.writer_features:
+        raise DeltaReadError(f"{path}: writer protocol {protocol.min_writer_version} with "
+                             f"features {protocol.writer_features}: append through Spark")
+    if txn is not None and (t.transaction_version(txn[0]) or -1) >= int(txn[1]):
+        return False
+    props = CommitProperties(
+        custom_metadata=({"userMetadata": json.dumps(metadata, sort_keys=True)}
+                         if metadata else None),
+        app_transactions=[Transaction(txn[0], int(txn[1]))] if txn is not None else None)
+    write_deltalake(t, data.cast(pa.schema(t.schema().to_arrow())), mode="append",
+                    commit_properties=props)
+    return True
+
+
+def parse_metadata(text: str | None) -> dict[str, Any]:
+    """A commit's userMetadata as a dict: JSON objects as they are, other JSON under
+    ``value``, other text under ``text``."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {"text": text}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,115 @@
+"""Reads through delta-rs while Spark writes the same table (local Spark + Delta).
+
+The control plane reads every table through delta-rs in its own process
+(:mod:`rebalance.spark.delta_rs`) while the streaming job and the DAG's writes commit
+through Spark. A read must see one committed snapshot: all of a commit or none of it,
+never a part; a read pinned to a version must give that version's rows however many
+commits came since; and an assignment version read back must be the one Spark's row
+tracking names.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROWS_PER_COMMIT = 50
+
+
+def _batch_rows(spark, batch: int):
+    return spark.createDataFrame(
+        [(f"b{batch}-{i}", batch, float(i)) for i in range(ROWS_PER_COMMIT)],
+        "id STRING, batch INT, value DOUBLE")
+
+
+def test_reads_during_spark_commits_see_whole_commits_and_pinned_versions(spark, tmp_path):
+    from rebalance.spark import delta_rs
+
+    path = str(tmp_path / "interleaved")
+    _batch_rows(spark, 0).write.format("delta").save(path)
+    commits = 12
+    seen: list[tuple[int, dict[int, int]]] = []   # (version read, rows per batch)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def read_while_writing():
+        try:
+            while not done.is_set():
+                t = delta_rs.table(path)
+                rows = delta_rs.read_arrow_of(t, ["batch"]).column("batch").to_pylist()
+                counts: dict[int, int] = {}
+                for b in rows:
+                    counts[b] = counts.get(b, 0) + 1
+                seen.append((int(t.version()), counts))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            failures.append(exc)
+
+    reader = threading.Thread(target=read_while_writing)
+    reader.start()
+    try:
+        for batch in range(1, commits + 1):
+            _batch_rows(spark, batch).write.format("delta").mode("append").save(path)
+            if batch % 4 == 0:   # a rewrite of every file, as an UPDATE or OPTIMIZE does
+                spark.sql(f"UPDATE delta.`{path}` SET value = value + 1 WHERE batch = 0")
+    finally:
+        done.set()
+        reader.join(timeout=60)
+    assert not failures, failures
+    versions = sorted({v for v, _ in seen})
+    assert len(versions) >= 3, f"the reader saw only versions {versions}"
+    for version, counts in seen:
+        # whole commits only: every batch with all its rows, batches 0..k without a gap
+        assert set(counts.values()) == {ROWS_PER_COMMIT}, (version, counts)
+        assert sorted(counts) == list(range(len(counts))), (version, counts)
+
+    # a pinned version gives its rows after every later commit, as Spark's time travel does
+    for version, counts in seen[:: max(1, len(seen) // 8)]:
+        pinned = delta_rs.read(path, ["id", "batch", "value"], version=version)
+        spark_rows = (spark.read.format("delta").option("versionAsOf", version).load(path)
+                      .toPandas())
+        assert pinned.groupby("batch").size().to_dict() == counts
+        key = ["id", "batch", "value"]
+        assert (pinned.sort_values("id")[key].reset_index(drop=True)
+                .equals(spark_rows.sort_values("id")[key].reset_index(drop=True)))
+    newest = delta_rs.read(path, ["batch"])
+    assert sorted(newest["batch"].unique()) == list(range(commits + 1))
+
+
+def test_an_assignment_version_read_back_is_the_one_spark_row_tracking_names(spark, tmp_path):
+    """Every version of ``assignments`` read by number (a plan's base version, a rollback's
+    target, an audit line) through delta-rs: the routing table, the split keys and the
+    publish's version and metadata Spark reads as ``_metadata.row_commit_version``, also
+    at a version that only changed the table's properties (a resize)."""
+    from rebalance.spark import tables
+
+    root = tmp_path / "tables"
+    published = [tables.publish_assignment(spark, {"k1": 1}, 2, {"plan_id": "p1"}, root=root),
+                 tables.publish_assignment(spark, {"k1": 0, "k2": 1}, 2, {"plan_id": "p2"},
+                                           root=root, splits={"k3": {0: 0.5, 1: 0.5}})]
+    tables.resize_assignments(spark, 3, root)                       # a metadata-only commit
+    published.append(tables.publish_assignment(spark, {"k4": 2}, 3, {"plan_id": "p3"},
+                                               root=root))
+    newest = tables.history(spark, tables.ASSIGNMENTS, root, limit=1)[0].version
+    for version in range(newest + 1):
+        rows = tables.assignment_rows(spark, root, version).collect()
+        by_spark = max((r.assignment_version or 0 for r in rows), default=0)
+        if version != by_spark:   # not a publish: refused, naming the publish Spark names
+            with pytest.raises(tables.AssignmentError, match=f"published in version {by_spark}"):
+                tables.read_assignment(spark, version=version, root=root)
+            continue
+        a = tables.read_assignment(spark, version=version, root=root)
+        whole = {r.key: r.instance for r in rows if r.key is not None and r.share is None}
+        split = {}
+        for r in rows:
+            if r.share is not None:
+                split.setdefault(r.key, {})[r.instance] = r.share
+        assert a.version == by_spark
+        assert {k: v for k, v in a.routing.items() if k not in split} == whole
+        assert a.splits == split
+        if version in published:
+            assert a.metadata["plan_id"] == f"p{published.index(version) + 1}"
+    assert tables.latest_assignment_version(spark, root) == published[-1]
+    assert tables.read_assignment(spark, root=root).n_instances == 3
