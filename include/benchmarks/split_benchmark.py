@@ -104,17 +104,14 @@ def expected_windows(gen, batches: int) -> pd.DataFrame:
 
 def plans(spark, hash_root: str, n: int, theta: float) -> dict:
     """Whole-key and split plans from the hash run's key histograms."""
-    from pyspark.sql import functions as F
 
     from rebalance.core.histograms import build_problem
     from rebalance.core.model import PlanParams
     from rebalance.core.planners import get_planner
     from rebalance.core.planners.split import plan_split
-    from rebalance.spark import tables
+    from rebalance.spark.loads import histogram_rows
 
-    rows = (tables.read(spark, tables.KEY_HISTOGRAMS, hash_root).groupBy("window_start", "key")
-            .agg(F.sum("count").alias("count"), F.sum("cost").alias("cost"),
-                 F.max("state_bytes").alias("state_bytes")).toPandas())
+    rows = histogram_rows(spark, root=hash_root)
     problem, _ = build_problem(rows, n, None, windows=max(1, rows["window_start"].nunique()))
     params = PlanParams(theta=theta)
     out = {}

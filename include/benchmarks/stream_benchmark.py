@@ -109,17 +109,13 @@ def plan_routing(spark, root: str, n_instances: int, theta: float) -> tuple[dict
     over the run's windows; state = bytes at the close of the key's latest window). The
     benchmark once summed the windows' costs: a constant factor on every key (absent =
     0 in both), so the plan under a relative bound theta is the same."""
-    from pyspark.sql import functions as F
 
     from rebalance.core.histograms import build_problem
     from rebalance.core.model import PlanParams
     from rebalance.core.planners import get_planner
-    from rebalance.spark import tables
+    from rebalance.spark.loads import histogram_rows
 
-    rows = (tables.read(spark, tables.KEY_HISTOGRAMS, root).groupBy("window_start", "key")
-            .agg(F.sum("count").alias("count"), F.sum("cost").alias("cost"),
-                 F.max("state_bytes").alias("state_bytes"))
-            .toPandas())
+    rows = histogram_rows(spark, root=root)
     problem, _ = build_problem(rows, n_instances, None, windows=max(1, rows["window_start"].nunique()))
     assignment = get_planner("mixed").plan(problem, PlanParams(theta=theta)).assignment
     routing = {str(k): int(a) for k, a, d in zip(problem.keys, assignment, problem.default)

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def _commits(store) -> int:
-    from rebalance.spark.paths import commit_versions
+    from rebalance.spark.delta_rs import commit_versions
     from rebalance.spark.plan_store import CONTROL
 
     return len(commit_versions(store.path(CONTROL)))

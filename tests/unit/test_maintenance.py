@@ -195,7 +195,8 @@ def test_the_dag_fails_bad_params_at_once_without_a_retry_and_without_spark(monk
 
 # ------------------------------------------------------------------ a table's log version
 def test_the_log_version_is_the_newest_commit_file_and_none_without_one(tmp_path):
-    from rebalance.spark.paths import local_path, log_version
+    from rebalance.spark.delta_rs import log_version
+    from rebalance.spark.paths import local_path
 
     table = tmp_path / "restarts"
     assert log_version(table) is None                      # no folder
@@ -213,8 +214,8 @@ def test_the_log_version_is_the_newest_commit_file_and_none_without_one(tmp_path
 
 
 def test_commit_versions_are_the_commit_files_only_and_none_for_a_uri(tmp_path):
+    from rebalance.spark.delta_rs import commit_versions
     from rebalance.spark.maintenance import _log_entries
-    from rebalance.spark.paths import commit_versions
 
     table = tmp_path / "plans"
     assert commit_versions(table) == [] and _log_entries(str(table)) == 0   # no log yet

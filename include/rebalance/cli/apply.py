@@ -66,8 +66,7 @@ def cli_spark_session():
     (the "Using incubator modules" warning, log4j's ERROR lines and Java stack traces)
     to its log file, so a refusal stays one line."""
     from rebalance.control.inputs import spark_session
-    from rebalance.core.histogram_files import jvm_stderr_to
-    from rebalance.spark.session import spark_log_file
+    from rebalance.spark.session import jvm_stderr_to, spark_log_file
 
     with jvm_stderr_to(spark_log_file("rebalance-dag")):
         return spark_session()

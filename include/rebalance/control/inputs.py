@@ -257,18 +257,14 @@ def _int(value) -> int:
 def load_rows(spark, inputs: Mapping[str, Any]) -> pd.DataFrame:
     """The histogram rows of the pinned windows (one Delta version of ``key_histograms``),
     merged per (window, key): ``window_start, key, count, cost, state_bytes``."""
-    from rebalance.spark import tables
+    from rebalance.spark.loads import histogram_rows
 
     windows = list(inputs["windows"])
-    pdf = tables.read_pandas(spark, tables.KEY_HISTOGRAMS,
-                             version=int(inputs["key_histograms_version"]),
-                             columns=["window_start", "key", "count", "cost", "state_bytes"],
-                             filters=[("window_start", "in", [as_utc(w) for w in windows])])
+    pdf = histogram_rows(spark, [as_utc(w) for w in windows],
+                         version=int(inputs["key_histograms_version"]))
     if pdf is None or pdf.empty:
         raise PlanningError(f"no histogram rows in windows {windows}")
-    return (pdf.groupby(["window_start", "key"], as_index=False, sort=False)
-            .agg(count=("count", "sum"), cost=("cost", "sum"),
-                 state_bytes=("state_bytes", "max")))
+    return pdf
 
 
 def base_routing(spark, inputs: Mapping[str, Any]) -> dict[str, int]:

@@ -93,24 +93,17 @@ def latest_loads(spark, lookback: int) -> tuple[dict[str, float], dict[str, floa
     """Per-key load and state of the latest ``lookback`` windows, if any: the histogram rows
     through :func:`rebalance.core.histograms.build_problem` (load = cost per window, mean over
     the windows; state = bytes at the close of the key's latest window), as every plan."""
-    from pyspark.sql import functions as F
-
     from rebalance.core.histograms import build_problem
     from rebalance.spark import tables
+    from rebalance.spark.loads import histogram_rows, newest_windows
 
     if not tables.exists(spark, tables.KEY_HISTOGRAMS):
         return {}, {}, [], None
     version = tables.history(spark, tables.KEY_HISTOGRAMS, limit=1)[0].version
-    df = tables.read(spark, tables.KEY_HISTOGRAMS, version=version)
-    starts = [r.window_start for r in df.select("window_start").distinct()
-              .orderBy(F.col("window_start").desc()).limit(lookback).collect()]
+    starts = newest_windows(spark, lookback, version=version)
     if not starts:
         return {}, {}, [], version
-    pdf = (df.where(F.col("window_start").isin(starts))
-           .groupBy("window_start", "key").agg(F.sum("count").alias("count"),
-                                               F.sum("cost").alias("cost"),
-                                               F.max("state_bytes").alias("state_bytes"))
-           .toPandas())
+    pdf = histogram_rows(spark, starts, version=version)
     n = max(1, int(tables.assignments_n_instances(spark)))
     problem, _ = build_problem(pdf, n, None, windows=len(starts))
     keys = [str(k) for k in problem.keys]

@@ -11,7 +11,7 @@ the wait holds no worker slot, however long the run's deadline
 
 A check's answer changes only when a table it reads gains a commit, or when its deadline
 passes. So between two checks the trigger lists the Delta logs of those tables
-(:data:`WATCHED`, :func:`rebalance.spark.paths.log_ident`: file names, no Spark job) and
+(:data:`WATCHED`, :func:`rebalance.spark.delta_rs.log_ident`: file names, no Spark job) and
 runs the check again only when one of them moved, when the deadline the check returned
 (``recheck_at``) has come, or :data:`FULL_CHECK_SECONDS` after the last check; a table
 whose log cannot be listed (a URI, a table not created yet) is checked every poke.
@@ -69,9 +69,9 @@ def _outcome(check: str, payload: Mapping[str, Any]) -> dict[str, Any]:
 
 def log_versions(check: str) -> dict[str, tuple[int, int] | None]:
     """The newest commit of each table :data:`WATCHED` by ``check``
-    (:func:`~rebalance.spark.paths.log_ident`; None: not listable)."""
+    (:func:`~rebalance.spark.delta_rs.log_ident`; None: not listable)."""
     from rebalance.spark import tables
-    from rebalance.spark.paths import log_ident
+    from rebalance.spark.delta_rs import log_ident
 
     root = tables.tables_root()
     return {name: log_ident(root / name) for name in WATCHED.get(check, ())}

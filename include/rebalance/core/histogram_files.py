@@ -1,15 +1,13 @@
 """Reading histogram and assignment files: a Delta table directory, Parquet or CSV.
 
 Only the columns used are read (:data:`REQUIRED`, :data:`OPTIONAL`; ``key`` and
-``instance`` for an assignment): Parquet and CSV with pyarrow (a pyarrow table), a Delta
-directory with Spark (merged per (window, key), a pandas frame; Spark's WARN lines go to
-its log file, so an error is one line). Checking and aggregating the rows is
-:mod:`rebalance.core.histograms`.
+``instance`` for an assignment), as a pyarrow table: Parquet and CSV with pyarrow, a Delta
+directory with delta-rs (its newest snapshot; no JVM). Checking and aggregating the rows
+is :mod:`rebalance.core.histograms`.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 from rebalance.core.model import PlanningError
@@ -53,8 +51,8 @@ def check_input_path(path: Path, what: str) -> None:
 
 
 def read_histogram_table(path: str | Path):
-    """Rows of a Delta table directory (a pandas frame, merged per (window, key) by Spark),
-    a Parquet file/directory or a CSV file (a pyarrow table of the columns used)."""
+    """Rows of a Delta table directory, a Parquet file/directory or a CSV file (a pyarrow
+    table of the columns used)."""
     path = Path(path)
     check_input_path(path, "histograms")
     if is_delta(path):
@@ -70,70 +68,24 @@ def read_histograms(path: str | Path):
     return to_pandas(read_histogram_table(path))
 
 
-@contextmanager
-def jvm_stderr_to(log: Path):
-    """While the block runs, file descriptor 2 is ``log``: a JVM started in it keeps
-    writing there (its own warnings, such as "Using incubator modules", and log4j's ERROR
-    lines), so ``rebalance plan`` prints its one line and nothing else. Python's own
-    stderr is back at the end."""
-    import os
-    import sys
-
-    log.parent.mkdir(parents=True, exist_ok=True)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(log, "ab") as out:
-            os.dup2(out.fileno(), 2)
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def _read_delta(path: Path):
-    from rebalance.spark.session import get_spark, spark_log_file
+    """The columns used of a Delta table directory's newest snapshot (a pyarrow table),
+    through delta-rs: no JVM starts for ``rebalance plan --histograms <table>``."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
 
     try:
-        with jvm_stderr_to(spark_log_file("rebalance-plan")):
-            spark = get_spark("rebalance-plan")
-        df = spark.read.format("delta").load(str(path.resolve()))
-    except Exception as exc:  # noqa: BLE001 - any Spark/Delta failure is a bad input here
+        table = DeltaTable(str(path.resolve()))
+        names = pa.schema(table.schema().to_arrow()).names
+        missing = [c for c in REQUIRED if c not in names]
+        if missing:
+            raise InputError(missing_message("histograms", missing, names))
+        rows = table.to_pyarrow_table(columns=[c for c in (*REQUIRED, *OPTIONAL) if c in names])
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any delta-rs failure is a bad input here
         raise InputError(f"cannot read Delta table {path}: {first_line(exc)}") from None
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
-        raise InputError(missing_message("histograms", missing, df.columns))
-    cols = [c for c in (*REQUIRED, *OPTIONAL) if c in df.columns]
-    # Merge (window, key) duplicates in Spark already: far fewer rows reach pandas.
-    from pyspark.sql import functions as F
-
-    aggs = [F.sum("count").alias("count")]
-    if "cost" in cols:
-        aggs.append(F.sum("cost").alias("cost"))
-    if "state_bytes" in cols:
-        aggs.append(F.max("state_bytes").alias("state_bytes"))
-    # Spark's sum/max skip nulls: keep null and negative detection by counting them.
-    aggs.append(F.sum(F.when(_bad_expr(F, cols), 1).otherwise(0)).alias("_bad"))
-    pdf = df.groupBy("window_start", "key").agg(*aggs).toPandas()
-    bad = pdf.pop("_bad")
-    if len(pdf) and (bad > 0).any():
-        row = pdf[bad > 0].iloc[0]
-        raise InputError(f"histograms hold negative, NaN or missing values: key {row['key']!r} "
-                         f"in window {row['window_start']} "
-                         f"({int((bad > 0).sum())} bad key-window(s))")
-    return pdf
-
-
-def _bad_expr(F, cols):
-    expr = None
-    for c in cols:
-        if c in ("window_start", "key"):
-            e = F.col(c).isNull()
-        else:
-            e = F.col(c).isNull() | F.isnan(F.col(c).cast("double")) | (F.col(c) < 0)
-        expr = e if expr is None else (expr | e)
-    return expr
+    return _utf8_keys(rows, path, "histograms")
 
 
 def _read_parquet(path: Path, what: str, columns):

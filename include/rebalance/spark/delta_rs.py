@@ -22,6 +22,7 @@ Tables are local folders (or ``file://`` URIs), as :func:`rebalance.spark.tables
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,6 +84,42 @@ def columns(path: str | Path) -> list[str]:
 
 def _names(t) -> list[str]:
     return list(pa.schema(t.schema().to_arrow()).names)
+
+
+# ------------------------------------------------------------ has the table changed
+def commit_versions(table_path: str | Path) -> list[int] | None:
+    """The commit versions in a local Delta table's log folder (``NNNN.json`` files, in
+    listing order), from file names alone (no Spark job); none for a folder without a log.
+    None for a URI."""
+    folder = local_path(table_path)
+    if folder is None:
+        return None
+    try:
+        names = os.listdir(folder / "_delta_log")
+    except OSError:
+        return []
+    return [int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()]
+
+
+def log_ident(table_path: str | Path) -> tuple[int, int] | None:
+    """(newest commit version, its file's modification time in ns) of a local Delta table:
+    changes with every commit, and tells a table created again from the one it replaced.
+    None for a URI or a folder with no commit."""
+    version = log_version(table_path)
+    if version is None:
+        return None
+    try:
+        stat = (local_path(table_path) / "_delta_log" / f"{version:020d}.json").stat()
+    except OSError:
+        return None
+    return version, stat.st_mtime_ns
+
+
+def log_version(table_path: str | Path) -> int | None:
+    """The newest commit version of a local Delta table (:func:`commit_versions`: a poll
+    that finds a table unchanged costs one directory listing). None for a URI or a folder
+    with no commit: the caller then reads the table itself."""
+    return max(commit_versions(table_path) or [], default=None)
 
 
 def version(path: str | Path) -> int | None:

@@ -64,6 +64,33 @@ def source_table(spark, root: str | Path | None = None) -> tables.Table | None:
     return None
 
 
+def newest_windows(spark, n: int, source: tables.Table = tables.KEY_HISTOGRAMS,
+                   version: int | None = None, root: str | Path | None = None,
+                   ) -> list[dt.datetime]:
+    """Starts of the ``n`` newest windows of a histogram table (at ``version`` if given),
+    oldest first, as naive UTC datetimes; empty when it does not exist."""
+    seen = tables.read_pandas(spark, source, root, version=version, columns=["window_start"])
+    if seen is None or n <= 0:
+        return []
+    return [_datetime(w) for w in sorted(set(seen["window_start"]))[-int(n):]]
+
+
+def histogram_rows(spark, windows: Sequence | None = None, version: int | None = None,
+                   root: str | Path | None = None):
+    """The ``key_histograms`` rows of ``windows`` (all when None; at ``version`` if given) merged per
+    (window, key): ``window_start, key, count, cost, state_bytes`` (count and cost summed
+    over the key's instances and batches, state bytes their maximum): what every plan,
+    trigger and rollback reads. None when the table does not exist."""
+    pdf = tables.read_pandas(spark, tables.KEY_HISTOGRAMS, root, version=version,
+                             columns=["window_start", "key", "count", "cost", "state_bytes"],
+                             filters=None if windows is None else [
+                                 ("window_start", "in", list(windows))])
+    if pdf is None:
+        return None
+    return (pdf.groupby(["window_start", "key"], as_index=False, sort=False)
+            .agg(count=("count", "sum"), cost=("cost", "sum"), state_bytes=("state_bytes", "max")))
+
+
 def window_loads(spark, n_instances: int | None, latest: int | None = None,
                  starts: Sequence[dt.datetime] | None = None,
                  source: tables.Table | None = None,
@@ -82,8 +109,7 @@ def window_loads(spark, n_instances: int | None, latest: int | None = None,
     if starts is None:
         if latest is None:
             raise ValueError("window_loads needs latest or starts")
-        seen = tables.read_pandas(spark, source, root, columns=["window_start"])
-        starts = sorted(set(seen["window_start"]), reverse=True)[:int(latest)]
+        starts = newest_windows(spark, int(latest), source, root=root)
     if not starts:
         return empty
     pdf = tables.read_pandas(spark, source, root,

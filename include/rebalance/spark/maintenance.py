@@ -43,7 +43,8 @@ from typing import Any
 
 from rebalance.core.records import as_utc, commit_metadata, utcnow
 from rebalance.spark import tables
-from rebalance.spark.paths import commit_versions, local_path
+from rebalance.spark.delta_rs import commit_versions
+from rebalance.spark.paths import local_path
 from rebalance.spark.plan_store import CONTROL, PLAN_ASSIGNMENTS, PLANS, delta_txn, is_conflict
 from rebalance.spark.session import session_confs
 from rebalance.spark.tables import Table

@@ -152,6 +152,25 @@ def spark_log_file(app_name: str) -> Path:
     return data_dir() / "logs" / f"spark-{safe}.log"
 
 
+@contextmanager
+def jvm_stderr_to(log: Path):
+    """While the block runs, file descriptor 2 is ``log``: a JVM started in it keeps
+    writing there (its own warnings, such as "Using incubator modules", and log4j's ERROR
+    lines), so ``rebalance plan`` prints its one line and nothing else. Python's own
+    stderr is back at the end."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(log, "ab") as out:
+            os.dup2(out.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def log4j_options(app_name: str) -> str:
     """Driver JVM options that install :data:`LOG4J_CONFIG`, logging to :func:`spark_log_file`."""
     log_file = spark_log_file(app_name)

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from rebalance.core.records import as_utc
 from rebalance.spark import tables
-from rebalance.spark.paths import log_version
+from rebalance.spark.delta_rs import log_version
 from rebalance.spark.plan_store import CONFLICT_BACKOFF_SECONDS, CONFLICT_RETRIES, is_conflict, utcnow
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class RestartControl:
         """Recorded steps (of one request), in commit order.
 
         Read again only when the table has a commit not read yet (a local table's log
-        version, :func:`rebalance.spark.paths.log_version`); a URI is read every time."""
+        version, :func:`rebalance.spark.delta_rs.log_version`); a URI is read every time."""
         version = log_version(tables.RESTARTS.path(self.root))
         if version is not None and self._cached is not None and self._cached[0] == version:
             steps = self._cached[1]

@@ -26,8 +26,8 @@ from typing import Any
 
 from rebalance.core.records import PlanRecord, as_utc, frame_loads, frame_splits
 from rebalance.spark import tables
+from rebalance.spark.delta_rs import log_ident
 from rebalance.spark.loads import window_loads
-from rebalance.spark.paths import log_ident
 from rebalance.spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
 
 #: Results kept, the least recently used dropped first.
@@ -38,7 +38,7 @@ _LOCK = threading.Lock()
 
 def by_tables(*names: str):
     """Keep a view function's results under the log versions of the tables ``names``
-    (:func:`~rebalance.spark.paths.log_ident`) and its arguments; a caller gets a copy."""
+    (:func:`~rebalance.spark.delta_rs.log_ident`) and its arguments; a caller gets a copy."""
     def wrap(fn):
         @functools.wraps(fn)
         def call(spark, *args, **kwargs):
