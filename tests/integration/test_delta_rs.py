@@ -113,3 +113,34 @@ def test_an_assignment_version_read_back_is_the_one_spark_row_tracking_names(spa
             assert a.metadata["plan_id"] == f"p{published.index(version) + 1}"
     assert tables.latest_assignment_version(spark, root) == published[-1]
     assert tables.read_assignment(spark, root=root).n_instances == 3
+
+
+def test_an_append_carries_the_commit_metadata_and_transaction_of_a_spark_append(spark, tmp_path):
+    """The generator's appends through delta-rs: Spark reads the rows, the commit's
+    userMetadata and its transaction (a second append of the same batch is skipped, by
+    delta-rs here and by Spark's own check); a table with writer features is refused."""
+    import pyarrow as pa
+
+    from rebalance.spark import delta_rs, tables
+
+    path = str(tmp_path / "appended")
+    spark.sql(f"CREATE TABLE delta.`{path}` (id STRING, batch INT) USING delta")
+    rows = pa.table({"id": ["a", "b"], "batch": pa.array([7, 7], pa.int32())})
+    assert delta_rs.append(path, rows, metadata={"kind": "test", "batch": 7}, txn=("app-1", 7))
+    assert not delta_rs.append(path, rows, metadata={"kind": "test", "batch": 7}, txn=("app-1", 7))
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+    assert [h.version for h in history] == [0, 1]
+    assert '"batch": 7' in history[1].userMetadata
+    assert spark.read.format("delta").load(path).count() == 2
+    # Spark skips an append of the same transaction the delta-rs commit recorded
+    (spark.createDataFrame([("c", 7)], "id STRING, batch INT").write.format("delta")
+     .mode("append").option("txnAppId", "app-1").option("txnVersion", 7).save(path))
+    assert spark.read.format("delta").load(path).count() == 2
+    assert delta_rs.history(path, 1)[0].metadata == {"kind": "test", "batch": 7}
+
+    root = tmp_path / "tables"
+    tables.publish_assignment(spark, {"k1": 1}, 2, root=root)
+    with pytest.raises(delta_rs.DeltaRsError, match="writer protocol 7"):
+        delta_rs.append(tables.ASSIGNMENTS.path(root),
+                        pa.table({"key": ["k2"], "instance": pa.array([0], pa.int32()),
+                                  "share": pa.array([None], pa.float64())}))

@@ -44,8 +44,8 @@ class Commit:
     metadata: dict[str, Any]
 
 
-class DeltaReadError(RuntimeError):
-    """A table that exists but cannot be read (naming the path and delta-rs' reason)."""
+class DeltaRsError(RuntimeError):
+    """A table delta-rs cannot read, or append to as asked (naming the path and the reason)."""
 
 
 def local(path: str | Path) -> Path | None:
@@ -65,7 +65,7 @@ def exists(path: str | Path) -> bool:
 
 def table(path: str | Path, version: int | None = None):
     """The ``deltalake.DeltaTable`` at ``version`` (default: newest), None when the table
-    does not exist; :class:`DeltaReadError` when its log cannot be read."""
+    does not exist; :class:`DeltaRsError` when its log cannot be read."""
     from deltalake import DeltaTable
 
     if not exists(path):
@@ -73,7 +73,7 @@ def table(path: str | Path, version: int | None = None):
     try:
         return DeltaTable(str(local(path)), version=version)
     except Exception as exc:  # noqa: BLE001 - delta-rs raises several kinds for a bad log
-        raise DeltaReadError(f"{path}: {_first_line(exc)}") from None
+        raise DeltaRsError(f"{path}: {_first_line(exc)}") from None
 
 
 def columns(path: str | Path) -> list[str]:
@@ -156,7 +156,7 @@ def read_arrow_of(t, columns: list[str] | None = None,
     try:
         return t.to_pyarrow_table(columns=cols, filters=_utc_filters(filters) or None)
     except Exception as exc:  # noqa: BLE001 - a missing or unreadable data file
-        raise DeltaReadError(f"{t.table_uri}: {_first_line(exc)}") from None
+        raise DeltaRsError(f"{t.table_uri}: {_first_line(exc)}") from None
 
 
 def _utc_filters(filters: list[tuple] | None) -> list[tuple] | None:
@@ -196,7 +196,7 @@ def history(path: str | Path, limit: int | None = None) -> list[Commit]:
     try:
         entries = t.history(limit)
     except Exception as exc:  # noqa: BLE001 - an unreadable commit file
-        raise DeltaReadError(f"{path}: {_first_line(exc)}") from None
+        raise DeltaRsError(f"{path}: {_first_line(exc)}") from None
     out = [Commit(int(e["version"]),
                   datetime.fromtimestamp((e.get("timestamp") or 0) / 1000,
                                          timezone.utc).replace(tzinfo=None),
@@ -245,10 +245,10 @@ def append(path: str | Path, data: pa.Table, metadata: dict[str, Any] | None = N
 
     t = table(path)
     if t is None:
-        raise DeltaReadError(f"{path}: no Delta table to append to")
+        raise DeltaRsError(f"{path}: no Delta table to append to")
     protocol = t.protocol()
     if protocol.min_writer_version > 2 or protocol.writer_features:
-        raise DeltaReadError(f"{path}: writer protocol {protocol.min_writer_version} with "
+        raise DeltaRsError(f"{path}: writer protocol {protocol.min_writer_version} with "
                              f"features {protocol.writer_features}: append through Spark")
     if txn is not None and (t.transaction_version(txn[0]) or -1) >= int(txn[1]):
         return False

@@ -161,7 +161,7 @@ class PlanStore:
     def rows(self, table: Table, filters: list[tuple] | None = None,
              columns: list[str] | None = None) -> list[dict[str, Any]]:
         """Rows of a table matching ``filters`` (:func:`rebalance.spark.tables.read_rows`:
-        through delta-rs under a local root, no Spark job); empty when never written."""
+        through delta-rs, no Spark job); empty when never written."""
         return tables.read_rows(self.spark, table, self.root, columns=columns, filters=filters)
 
     # ------------------------------------------------------------------ plans

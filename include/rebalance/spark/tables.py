@@ -12,6 +12,12 @@ Everything else asks it:
 Paths: every table is a folder ``<root>/<name>``; ``root`` defaults to
 ``data_dir() / "tables"`` and every function takes ``root=`` to override it.
 
+Two engines (:mod:`rebalance.spark.delta_rs` tells which writes it can take): reads
+(:func:`read_pandas`, :func:`read_rows`, :func:`history`, :func:`read_assignment` ...) go
+through delta-rs in the calling process, no Spark job, and their ``spark`` argument is
+not used (None is fine); writes and :func:`read` (a Spark DataFrame, for the streaming job
+and large scans) go through Spark.
+
 Adding a table: declare one more :class:`Table` below and add it to
 :data:`TABLES`; :func:`ensure_table`, :func:`append`, :func:`read` and
 :func:`history` then work for it unchanged.
@@ -244,7 +250,7 @@ def check_readable(spark: SparkSession | None, table: Table,
     try:
         delta_rs.history(path, 1)
         delta_rs.table(path).schema()
-    except delta_rs.DeltaReadError as exc:
+    except delta_rs.DeltaRsError as exc:
         raise UnreadableTableError(f"table {table.name!r} at {path} cannot be read as a "
                                    f"Delta table: {exc}") from None
 
