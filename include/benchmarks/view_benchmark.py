@@ -9,8 +9,9 @@ frame over ``--keys`` keys and the record a verified plan has: params, metrics, 
 validation, verification), appended a day per commit through delta-rs; an assignment
 version per ``--applied-per-day``; and a day of histogram windows (20 s, N = 4). Then each
 run starts a fresh Python process (nothing cached, as after an api-server restart; Airflow
-imported first, as the api-server has it) that times the view's reads: the index page (loads, realised imbalance, plan history,
-assignment versions: what ``/rebalance/`` renders) and the newest plan's page. Prints
+imported first, as the api-server has it) that times the view's reads: the index page
+(loads, realised imbalance, plan history, assignment versions: what ``/rebalance/``
+renders) and the newest plan's page. Prints
 each figure per run, then the median and the worst.
 
 Target (issue 40): a page in <= 1 s with a month of plans.
