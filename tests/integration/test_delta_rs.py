@@ -76,6 +76,11 @@ def test_reads_during_spark_commits_see_whole_commits_and_pinned_versions(spark,
                 .equals(spark_rows.sort_values("id")[key].reset_index(drop=True)))
     newest = delta_rs.read(path, ["batch"])
     assert sorted(newest["batch"].unique()) == list(range(commits + 1))
+    # the newest value from the files' statistics, as Spark's max (files removed by a
+    # DELETE no longer count)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE batch >= {commits - 1}")
+    top = spark.read.format("delta").load(path).agg({"batch": "max"}).first()[0]
+    assert delta_rs.max_value(path, "batch") == top == commits - 2
 
 
 def test_an_assignment_version_read_back_is_the_one_spark_row_tracking_names(spark, tmp_path):

@@ -80,7 +80,9 @@ def _read_delta(path: Path):
         missing = [c for c in REQUIRED if c not in names]
         if missing:
             raise InputError(missing_message("histograms", missing, names))
-        rows = table.to_pyarrow_table(columns=[c for c in (*REQUIRED, *OPTIONAL) if c in names])
+        # one thread, as rebalance.spark.delta_rs reads: no Arrow pool left at exit
+        rows = table.to_pyarrow_dataset().to_table(
+            columns=[c for c in (*REQUIRED, *OPTIONAL) if c in names], use_threads=False)
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - any delta-rs failure is a bad input here

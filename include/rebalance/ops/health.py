@@ -3,9 +3,8 @@ writing windows, and how did the last run end.
 
 * ``dag``: paused or not, through Airflow's REST API (a paused DAG plans nothing, and
   nothing else says so);
-* ``job``: the age of the newest window in ``key_histograms``, read from the Delta log's
-  file statistics (the newest commits only: no Spark, no table scan, the same cost on day
-  1 and day 300);
+* ``job``: the age of the newest window in ``key_histograms``, from its files' statistics
+  in the Delta log (through delta-rs: no Spark, no table scan);
 * ``last run``: the newest run of the ``rebalance`` DAG, its state, and for a run that
   skipped, the reason its task logged.
 
@@ -16,58 +15,38 @@ while the service is half up.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from pathlib import Path
 from typing import Any
 
-#: The newest commits of the log read for the newest window: every micro-batch of the job
-#: is one commit, so the newest window is in the last few.
+#: The newest commits read for the window length the job records: every micro-batch of
+#: the job is one commit.
 NEWEST_COMMITS = 20
 
 
 def newest_window(table: Path, newest: int = NEWEST_COMMITS
                   ) -> tuple[dt.datetime | None, float | None]:
-    """The largest ``window_start`` written in the table's newest commits (from the
-    ``add`` actions' statistics) and the window length the job recorded with that commit
-    (its ``window_seconds`` commit metadata); (None, None) without table or statistics."""
-    log = table / "_delta_log"
+    """The largest ``window_start`` of the table (from its files' statistics,
+    :func:`rebalance.spark.delta_rs.max_value`) and the window length the job recorded in
+    its newest commits (their ``window_seconds`` commit metadata); (None, None) without
+    table or rows."""
+    from rebalance.spark import delta_rs
+
     try:
-        commits = sorted((p for p in log.iterdir()
-                          if p.suffix == ".json" and p.stem.isdigit()), reverse=True)
-    except OSError:
+        best = delta_rs.max_value(table, "window_start")
+        commits = delta_rs.history(table, newest) if best is not None else []
+    except delta_rs.DeltaRsError:
         return None, None
-    best: dt.datetime | None = None
-    seconds: float | None = None
-    for path in commits[:newest]:
-        try:
-            actions = [json.loads(line) for line in path.read_text().splitlines() if line]
-        except (OSError, ValueError):
-            continue
-        meta = next((a["commitInfo"].get("userMetadata") for a in actions
-                     if isinstance(a, dict) and isinstance(a.get("commitInfo"), dict)), None)
-        for action in actions:
-            add = action.get("add") if isinstance(action, dict) else None
-            try:
-                stats = json.loads(add["stats"]) if add and add.get("stats") else {}
-                top = _instant(stats["maxValues"]["window_start"])
-            except (ValueError, TypeError, KeyError):
-                continue
-            if best is None or top > best:
-                best, seconds = top, _window_seconds(meta)
+    seconds = next((_window_seconds(c.metadata) for c in commits
+                    if _window_seconds(c.metadata) is not None), None)
     return best, seconds
 
 
-def _window_seconds(meta: Any) -> float | None:
+def _window_seconds(meta: dict[str, Any]) -> float | None:
     try:
-        value = json.loads(meta).get("window_seconds") if meta else None
+        value = meta.get("window_seconds")
         return float(value) if value else None
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError):
         return None
-
-
-def _instant(text: str) -> dt.datetime:
-    value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
 def job_line(tables: Path, running: bool | None, window_seconds: float | None = None,

@@ -139,6 +139,22 @@ def read(path: str | Path, columns: list[str] | None = None, version: int | None
     return to_pandas(read_arrow_of(t, columns, filters))
 
 
+def max_value(path: str | Path, column: str):
+    """The largest value of ``column`` in the newest snapshot (None when the table does not
+    exist or holds no row), from the files' min/max statistics in the log: no data file is
+    read, unless a file has none. TIMESTAMP values come as aware UTC datetimes."""
+    import pyarrow.compute as pc
+
+    t = table(path)
+    if t is None:
+        return None
+    actions = pa.table(t.get_add_actions(flatten=True))
+    name = f"max.{column}"
+    if name in actions.column_names and not actions.column(name).null_count:
+        return pc.max(actions.column(name)).as_py() if actions.num_rows else None
+    return pc.max(read_arrow_of(t, [column]).column(column)).as_py()
+
+
 def rows(path: str | Path, columns: list[str] | None = None, version: int | None = None,
          filters: list[tuple] | None = None) -> list[dict[str, Any]]:
     """The rows matching ``filters`` as dicts of Python values (TIMESTAMP values as aware
@@ -153,8 +169,17 @@ def read_arrow_of(t, columns: list[str] | None = None,
     left out: a table written before a column was added)."""
     have = set(_names(t)) if columns is not None else None
     cols = None if columns is None else [c for c in columns if c in have]
+    from pyarrow.parquet import filters_to_expression
+
+    where = _utc_filters(filters)
     try:
-        return t.to_pyarrow_table(columns=cols, filters=_utc_filters(filters) or None)
+        # In this thread (use_threads=False), so Arrow starts no pool of its own: a pool
+        # thread still alive when the process exits can abort it ("terminate called without
+        # an active exception", exit code 134), seen once under load. The tables read here
+        # are small; a thread pool would not make them faster.
+        return t.to_pyarrow_dataset().to_table(
+            columns=cols, filter=filters_to_expression(where) if where else None,
+            use_threads=False)
     except Exception as exc:  # noqa: BLE001 - a missing or unreadable data file
         raise DeltaRsError(f"{t.table_uri}: {_first_line(exc)}") from None
 
@@ -176,7 +201,7 @@ def _utc_filters(filters: list[tuple] | None) -> list[tuple] | None:
 def to_pandas(arrow: pa.Table) -> pd.DataFrame:
     """Arrow rows as pandas the way Spark's ``toPandas()`` gives them: timestamps naive
     in UTC (nanoseconds), strings as objects."""
-    frame = arrow.to_pandas()
+    frame = arrow.to_pandas(use_threads=False)
     for name, field in zip(arrow.column_names, arrow.schema):
         if pa.types.is_timestamp(field.type):
             col = pd.to_datetime(frame[name], utc=True)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from rebalance.core.records import as_utc, commit_metadata, utcnow
-from rebalance.spark import tables
+from rebalance.spark import delta_rs, tables
 from rebalance.spark.delta_rs import commit_versions
 from rebalance.spark.paths import local_path
 from rebalance.spark.plan_store import CONTROL, PLAN_ASSIGNMENTS, PLANS, delta_txn, is_conflict
@@ -394,12 +394,8 @@ def plan_windows(spark, root: str | Path | None = None) -> set[dt.datetime]:
 
 
 def _newest_window(spark, table: Table, root) -> dt.datetime | None:
-    if not tables.exists(spark, table, root):
-        return None
-    from pyspark.sql import functions as F
-
-    return as_utc(spark.read.format("delta").load(table.path(root))
-                  .agg(F.max("window_start")).first()[0])
+    """From the files' statistics (:func:`rebalance.spark.delta_rs.max_value`)."""
+    return as_utc(delta_rs.max_value(table.path(root), "window_start"))
 
 
 def _iso(value: dt.datetime | None) -> str | None:

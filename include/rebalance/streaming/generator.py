@@ -275,7 +275,7 @@ def append_batches(spark, generator: EventGenerator, batches: Iterable[int],
         # through delta-rs in this process: no Spark job per batch (events has no writer
         # features); the same metadata and transaction id as a Spark append
         events = pa.Table.from_pandas(generated.events.loc[:, tables.EVENTS.columns],
-                                      preserve_index=False)
+                                      preserve_index=False, nthreads=1)
         delta_rs.append(tables.EVENTS.path(root), events, metadata=meta,
                         txn=(f"generator-{config.fingerprint()}", b))
         written.append(b)
