@@ -142,6 +142,16 @@ def test_an_append_carries_the_commit_metadata_and_transaction_of_a_spark_append
      .mode("append").option("txnAppId", "app-1").option("txnVersion", 7).save(path))
     assert spark.read.format("delta").load(path).count() == 2
     assert delta_rs.history(path, 1)[0].metadata == {"kind": "test", "batch": 7}
+    # every tenth version gets a checkpoint, which Spark reads the table from
+    for batch in range(8, 17):
+        assert delta_rs.append(path, rows.set_column(1, "batch", pa.array([batch] * 2, pa.int32())),
+                               txn=("app-1", batch))
+    assert (tmp_path / "appended" / "_delta_log" / "00000000000000000010.checkpoint.parquet").exists()
+    assert not (tmp_path / "appended" / "_delta_log" / "00000000000000000009.checkpoint.parquet").exists()
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()   # read from the checkpoint
+    seen = spark.read.format("delta").load(path).groupBy().agg({"batch": "sum"}).collect()[0][0]
+    assert seen == 7 * 2 + sum(range(8, 17)) * 2
+    assert delta_rs.version(path) == 10
 
     root = tmp_path / "tables"
     tables.publish_assignment(spark, {"k1": 1}, 2, root=root)

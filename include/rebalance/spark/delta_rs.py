@@ -265,7 +265,8 @@ def append(path: str | Path, data: pa.Table, metadata: dict[str, Any] | None = N
     """Append ``data`` (the table's columns) as one commit, ``metadata`` as its userMetadata
     JSON; False when skipped. ``txn = (app_id, version)`` makes it idempotent as a Spark
     append's ``txnAppId``/``txnVersion``: skipped when the table recorded a version at or
-    above it for the app id. Only for a table without writer features (protocol 2)."""
+    above it for the app id. Only for a table without writer features (protocol 2).
+    Writes a checkpoint at every ``delta.checkpointInterval``-th version (default 10)."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     t = table(path)
@@ -283,6 +284,11 @@ def append(path: str | Path, data: pa.Table, metadata: dict[str, Any] | None = N
         app_transactions=[Transaction(txn[0], int(txn[1]))] if txn is not None else None)
     write_deltalake(t, data.cast(pa.schema(t.schema().to_arrow())), mode="append",
                     commit_properties=props)
+    # a checkpoint every ``delta.checkpointInterval`` commits, as Spark writes them: the
+    # next open of the table (by any engine) replays at most that many commits
+    interval = int(t.metadata().configuration.get("delta.checkpointInterval", 10))
+    if t.version() % interval == 0:
+        t.create_checkpoint()
     return True
 
 

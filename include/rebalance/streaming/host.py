@@ -119,7 +119,8 @@ class InstanceHost(StatefulProcessor):
 
     def init(self, handle) -> None:
         self.handle = handle
-        self.scope = KeyScope(handle, self.settings.key_type, self.settings.time_mode)
+        self.scope = KeyScope(handle, self.settings.key_type, self.settings.time_mode,
+                              shared_timer=self._window_timer)
         self.windows = handle.getMapState("h:windows", "window_start BIGINT", _WINDOW_VALUE)
         self.processor.init(self.scope)
 
@@ -163,7 +164,15 @@ class InstanceHost(StatefulProcessor):
                 for out in self.processor.handleExpiredTimer((value,), timerValues,
                                                              ExpiredTimerInfo(ts)):
                     yield self._user_rows(out)
-        yield from self._close_windows(self.instance_of[int(key[0])], self._now(timerValues))
+        # a histogram window's own timer is its end: it closes that window alone
+        window = ts - self.settings.window_ms
+        held = self.windows.getValue((window,))
+        if held is not None:
+            yield from self._close_window(self.instance_of[int(key[0])], window, held)
+
+    def _window_timer(self, ts: int) -> bool:
+        """Whether the instance timer at ``ts`` is also a histogram window's end."""
+        return self.windows.containsKey((int(ts) - self.settings.window_ms,))
 
     # ------------------------------------------------------------------ outputs
 
@@ -232,27 +241,23 @@ class InstanceHost(StatefulProcessor):
                 [merged[k][4] for k in names], version, t_ns + round(task_ns * share),
                 c_ns + round(cpu_ns * share)))
 
-    def _close_windows(self, instance: int, now: int) -> Iterator[pd.DataFrame]:
-        """Histogram rows of the windows that ended by ``now`` (watermark or batch time)."""
-        s = self.settings
-        closing = [(int(w[0]), v) for w, v in self.windows.iterator()
-                   if int(w[0]) + s.window_ms <= now]
-        if not closing:
-            return
+    def _close_window(self, instance: int, window: int, held: tuple) -> Iterator[pd.DataFrame]:
+        """Histogram rows of ``window``, which ended (its timer fired): one per key, one
+        for the instance."""
+        keys, events, costs, sizes, defaults, groups, version, t_ns, c_ns = held
         partition = _partition_id()
-        rows: list[dict[str, Any]] = []
-        for window, (keys, events, costs, sizes, defaults, groups, version, t_ns, c_ns) in closing:
-            rows += [{"rb_kind": KEY_ROW, "rb_key": k, "rb_window": window,
-                      "rb_instance": instance, "rb_partition": partition,
-                      "rb_default": int(d), "rb_group": int(g), "rb_version": int(version),
-                      "rb_events": int(e), "rb_cost": float(c), "rb_bytes": int(b)}
-                     for k, e, c, b, d, g in zip(keys, events, costs, sizes, defaults, groups)]
-            rows.append({"rb_kind": INSTANCE_ROW, "rb_window": window, "rb_instance": instance,
-                         "rb_partition": partition, "rb_version": int(version),
-                         "rb_events": int(sum(events)), "rb_cost": float(sum(costs)),
-                         "rb_keys": len(keys), "rb_task_ms": int(t_ns) / 1e6,
-                         "rb_cpu_ms": int(c_ns) / 1e6})
-            self.windows.removeKey((window,))
+        rows: list[dict[str, Any]] = [
+            {"rb_kind": KEY_ROW, "rb_key": k, "rb_window": window, "rb_instance": instance,
+             "rb_partition": partition, "rb_default": int(d), "rb_group": int(g),
+             "rb_version": int(version), "rb_events": int(e), "rb_cost": float(c),
+             "rb_bytes": int(b)}
+            for k, e, c, b, d, g in zip(keys, events, costs, sizes, defaults, groups)]
+        rows.append({"rb_kind": INSTANCE_ROW, "rb_window": window, "rb_instance": instance,
+                     "rb_partition": partition, "rb_version": int(version),
+                     "rb_events": int(sum(events)), "rb_cost": float(sum(costs)),
+                     "rb_keys": len(keys), "rb_task_ms": int(t_ns) / 1e6,
+                     "rb_cpu_ms": int(c_ns) / 1e6})
+        self.windows.removeKey((window,))
         yield self._host_rows(rows, self.settings.output_columns)
 
     # ------------------------------------------------------------------ moves

@@ -11,9 +11,8 @@ state variable is kept in one MapState of that handle whose map key is the user'
 * ``MapState(name)`` -> ``u:name``: user key -> ``(keys, values, expires)``.
 
 Timers: ``t:keys`` (user key -> its timer timestamps) and ``t:due`` (timestamp -> the
-keys that registered it), plus one real timer per timestamp on the instance. A timer
-that fires looks up its keys (no scan); a deleted timer is dropped from ``t:keys`` and
-skipped when its timestamp fires.
+keys that registered it), plus one real timer per timestamp on the instance, deleted
+when no key waits for it any more. A timer that fires looks up its keys (no scan).
 
 :class:`KeyScope` is the handle the user's processor sees: the same methods as
 ``StatefulProcessorHandle``, acting on the key it is set to (:meth:`KeyScope.enter`).
@@ -21,7 +20,7 @@ skipped when its timestamp fires.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, LongType, StructField, StructType
@@ -211,8 +210,12 @@ class KeyScope:
     type of the key column; ``time_mode`` the user's (``None`` refuses timers, as Spark).
     """
 
-    def __init__(self, handle, key_type: DataType, time_mode: str) -> None:
+    def __init__(self, handle, key_type: DataType, time_mode: str,
+                 shared_timer: Callable[[int], bool] = lambda ts: False) -> None:
         self.handle = handle
+        #: whether the instance's timer at a timestamp serves the host too (kept when no
+        #: key wants it any more)
+        self._shared_timer = shared_timer
         self.time_mode = time_mode.lower()
         self.key_schema = StructType([StructField("k", key_type)])
         self.key: tuple = ()
@@ -322,10 +325,11 @@ class KeyScope:
         own.append(ts)
         self._save_timers()
         due = self._due.getValue((ts,))
-        keys = list(due[0]) if due is not None else []
-        if self.key[0] not in keys:
-            self._due.updateValue((ts,), (keys + [self.key[0]],))
-        self.handle.registerTimer(ts)
+        if due is None:
+            self._due.updateValue((ts,), ([self.key[0]],))
+            self.handle.registerTimer(ts)     # the first key due at ts
+        elif self.key[0] not in due[0]:
+            self._due.updateValue((ts,), (list(due[0]) + [self.key[0]],))
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
         self._check_timers()
@@ -333,7 +337,20 @@ class KeyScope:
         own = self._own_timers()
         if ts in own:
             own.remove(ts)
-            self._save_timers()   # ``t:due`` keeps the key; it is skipped when ts fires
+            self._save_timers()
+            self._forget_due(ts)
+
+    def _forget_due(self, ts: int) -> None:
+        """The current key no longer waits for ``ts``; the instance's timer at ``ts`` is
+        deleted once no key (and not the host) waits for it."""
+        due = self._due.getValue((ts,))
+        rest = [k for k in due[0] if k != self.key[0]] if due is not None else []
+        if rest:
+            self._due.updateValue((ts,), (rest,))
+            return
+        self._due.removeKey((ts,))
+        if not self._shared_timer(ts):
+            self.handle.deleteTimer(ts)
 
     def keys_due(self, ts: int) -> list[Any]:
         """Keys whose timer ``ts`` is registered (for the instance's timer at ``ts``);
@@ -375,6 +392,8 @@ class KeyScope:
         timers = sorted(self._own_timers())
         self._key_timers = []
         self._save_timers()
+        for ts in timers:
+            self._forget_due(ts)
         return {"values": values, "timers": timers}
 
     def import_key(self, exported: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StreamingQuery
@@ -55,7 +56,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from rebalance.spark import tables
+from rebalance.spark import delta_rs, tables
 from rebalance.spark.jobs import LIVE, record_start
 from rebalance.streaming.host import (
     EXPORT,
@@ -77,7 +78,6 @@ from rebalance.streaming.routing import (
     instance_labels,
     key_group_col,
     label_col,
-    routes,
 )
 
 TIME_MODES = {"none": "None", "processingtime": "ProcessingTime", "eventtime": "EventTime"}
@@ -182,28 +182,33 @@ def rebalanced(df: DataFrame, *, key: str, processor: StatefulProcessor,
 
 # --------------------------------------------------------------------------- the stream
 
-def route_keys(df: DataFrame, key: str, assignment_rows: DataFrame, n_instances: int) -> DataFrame:
+def route_keys(df: DataFrame, key: str, assignment: tables.Assignment,
+               n_instances: int) -> DataFrame:
     """Add ``rb_key`` (the key as a string), ``rb_group``, ``rb_default``, ``rb_label``
-    and ``rb_version``: the instance of each event's key under one assignment version (its
-    routing table, else the default placement). A split key fails the batch: a user's
-    processor has no merge of partial results."""
+    and ``rb_version``: the instance of each event's key under ``assignment`` (its routing
+    table, else the default placement). The routing table is a local relation built on the
+    driver from the one snapshot the query runs with: no table scan per micro-batch."""
     keyed = df.withColumn("rb_key", F.col(key).cast("string"))
-    version = assignment_rows.agg(F.coalesce(F.max("assignment_version"), F.lit(0))
-                                  .cast("bigint").alias("rb_version"))
-    table = routes(assignment_rows).select(F.col("key").alias("rb_key"), "_instances")
     routed = (keyed.withColumn("rb_group", key_group_col(F.col("rb_key")))
               .withColumn("rb_default", default_instance_col(F.col("rb_group"), n_instances))
-              .join(F.broadcast(table), "rb_key", "left")
-              .crossJoin(F.broadcast(version)))
-    whole = F.when(F.size("_instances") > 1, F.raise_error(F.concat(
-        F.lit("assignment splits key "), F.col("rb_key"),
-        F.lit(" but the processor does not merge partial results")))).otherwise(
-        F.element_at("_instances", 1))
-    instance = F.coalesce(whole, F.col("rb_default")).cast("int")
+              .withColumn("rb_version", F.lit(int(assignment.version)).cast("bigint")))
+    instance = F.col("rb_default")
+    if assignment.routing:
+        table = df.sparkSession.createDataFrame(
+            [(k, int(i)) for k, i in assignment.routing.items()], "rb_key STRING, rb_routed INT")
+        routed = routed.join(F.broadcast(table), "rb_key", "left")
+        instance = F.coalesce(F.col("rb_routed"), instance)
     checked = F.when(instance.between(0, n_instances - 1), instance).otherwise(F.raise_error(
         F.concat(F.lit("assignment routes key "), F.col("rb_key"), F.lit(" outside the "),
                  F.lit(str(n_instances)), F.lit(" instances"))))
-    return routed.withColumn("rb_label", label_col(checked, n_instances)).drop("_instances")
+    return routed.withColumn("rb_label", label_col(checked, n_instances)).drop("rb_routed")
+
+
+def _refuse_splits(assignment: tables.Assignment, processor: StatefulProcessor) -> None:
+    if assignment.splits:
+        raise ContractError(f"assignment version {assignment.version} splits "
+                            f"{len(assignment.splits)} key(s); {type(processor).__name__} "
+                            "does not declare how partial results merge")
 
 def _window_col(stream: RebalancedStream) -> Column:
     if stream.event_time is None:
@@ -211,13 +216,13 @@ def _window_col(stream: RebalancedStream) -> Column:
     ms = F.unix_millis(F.col(stream.event_time))
     return (ms - F.pmod(ms, F.lit(stream.window_ms))).cast("bigint")
 
-def operator_output(stream: RebalancedStream, assignment_rows: DataFrame,
+def operator_output(stream: RebalancedStream, assignment: tables.Assignment,
                     control: DataFrame) -> DataFrame:
     """The host operator over the routed events and the control rows (union output)."""
     df = stream.df
     user_columns = df.columns
     cost = F.col(stream.cost).cast("double") if stream.cost else F.lit(1.0)
-    routed = route_keys(df, stream.key, assignment_rows, stream.instances)
+    routed = route_keys(df, stream.key, assignment, stream.instances)
     events = routed.select(
         *user_columns, "rb_label", "rb_key", _window_col(stream).alias("rb_window"),
         cost.alias("rb_cost"), "rb_version", "rb_default", "rb_group",
@@ -309,31 +314,8 @@ class RebalancedSink:
                     (rows.write.format("delta").mode("append")
                      .option("txnAppId", f"{self.query_id}:out").option("txnVersion", batch_id)
                      .save(self.output))
-            if KEY_ROW in kinds:
-                tables.append(batch.where(F.col("rb_kind") == KEY_ROW).select(
-                    F.timestamp_millis("rb_window").alias("window_start"),
-                    F.col("rb_key").alias("key"), F.col("rb_events").alias("count"),
-                    F.col("rb_cost").alias("cost"), F.col("rb_bytes").alias("state_bytes"),
-                    F.col("rb_instance").alias("instance"),
-                    F.col("rb_default").alias("default_instance"),
-                    F.col("rb_group").alias("key_group"),
-                    F.col("rb_partition").alias("partition_id"),
-                    F.col("rb_version").alias("assignment_version"),
-                    F.lit(batch_id).cast("bigint").alias("batch_id")).coalesce(1),
-                    tables.KEY_HISTOGRAMS, self.stream.tables_root, metadata=meta,
-                    txn=(f"{self.query_id}:key_histograms", batch_id))
-            if INSTANCE_ROW in kinds:
-                tables.append(batch.where(F.col("rb_kind") == INSTANCE_ROW).select(
-                    F.timestamp_millis("rb_window").alias("window_start"),
-                    F.col("rb_instance").alias("instance"), F.col("rb_cost").alias("load"),
-                    F.col("rb_events").alias("events"), F.col("rb_keys").alias("keys"),
-                    F.col("rb_task_ms").alias("task_ms"), F.col("rb_cpu_ms").alias("cpu_ms"),
-                    F.col("rb_partition").alias("partition_id"),
-                    F.col("rb_version").alias("assignment_version"),
-                    F.lit(batch_id).cast("bigint").alias("batch_id"),
-                    F.lit(None).cast("bigint").alias("duplicates")).coalesce(1),
-                    tables.INSTANCE_HISTOGRAMS, self.stream.tables_root, metadata=meta,
-                    txn=(f"{self.query_id}:instance_histograms", batch_id))
+            if KEY_ROW in kinds or INSTANCE_ROW in kinds:
+                self._histograms(batch, batch_id, meta)
             if EXPORTED in kinds:
                 # after every other output of the batch: this commit is the switch
                 version = int(kinds[EXPORTED].version)
@@ -352,6 +334,29 @@ class RebalancedSink:
                 self.switched.set()
         finally:
             batch.unpersist()
+
+    def _histograms(self, batch: DataFrame, batch_id: int, meta: dict[str, Any]) -> None:
+        """The batch's closed windows, collected once (they are few rows: one per key and
+        window) and appended to ``key_histograms`` and ``instance_histograms`` through
+        delta-rs, each idempotent under the query's id and the batch id."""
+        rows = batch.where(F.col("rb_kind").isin(KEY_ROW, INSTANCE_ROW)).select(
+            "rb_kind", F.timestamp_millis("rb_window").alias("window_start"),
+            F.col("rb_key").alias("key"), F.col("rb_events").alias("count"),
+            F.col("rb_cost").alias("cost"), F.col("rb_bytes").alias("state_bytes"),
+            F.col("rb_instance").alias("instance"), F.col("rb_default").alias("default_instance"),
+            F.col("rb_group").alias("key_group"), F.col("rb_partition").alias("partition_id"),
+            F.col("rb_version").alias("assignment_version"),
+            F.lit(batch_id).cast("bigint").alias("batch_id"), F.col("rb_cost").alias("load"),
+            F.col("rb_events").alias("events"), F.col("rb_keys").alias("keys"),
+            F.col("rb_task_ms").alias("task_ms"), F.col("rb_cpu_ms").alias("cpu_ms"),
+            F.lit(None).cast("bigint").alias("duplicates")).toArrow()
+        for kind, table in ((KEY_ROW, tables.KEY_HISTOGRAMS),
+                            (INSTANCE_ROW, tables.INSTANCE_HISTOGRAMS)):
+            of_kind = rows.filter(pc.equal(rows["rb_kind"], kind))
+            if of_kind.num_rows:
+                path = table.path(self.stream.tables_root)
+                delta_rs.append(path, of_kind.select(delta_rs.columns(path)), metadata=meta,
+                                txn=(f"{self.query_id}:{table.name}", batch_id))
 
 # --------------------------------------------------------------------------- the query
 
@@ -391,10 +396,11 @@ class RebalancedQuery:
 
     def _run(self, version: int) -> None:
         spark, stream = self.spark, self.stream
-        rows = tables.assignment_rows(spark, stream.tables_root, version)
+        assignment = tables.read_assignment(spark, version, stream.tables_root)
+        _refuse_splits(assignment, stream.processor)
         control = (spark.readStream.format("delta").option("skipChangeCommits", "true")
                    .load(control_path(self.checkpoint)))
-        out = operator_output(stream, rows, control)
+        out = operator_output(stream, assignment, control)
         sink = RebalancedSink(spark, stream, self.output, self.checkpoint, version)
         previous = spark.conf.get("spark.sql.shuffle.partitions")
         spark.conf.set("spark.sql.shuffle.partitions", str(stream.instances))
@@ -418,10 +424,7 @@ class RebalancedQuery:
         target = tables.read_assignment(spark, version, stream.tables_root)
         if target.version == self.version:
             return self.version
-        if target.splits:
-            raise ContractError(f"assignment version {target.version} splits "
-                                f"{len(target.splits)} key(s); {type(stream.processor).__name__} "
-                                "does not declare how partial results merge")
+        _refuse_splits(target, stream.processor)
         keys = sorted(target.routing)
         markers = [(EXPORT, label, target.version, None, None, keys,
                     [int(target.routing[k]) for k in keys])
