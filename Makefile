@@ -27,6 +27,11 @@ PYTEST_WORKERS ?= 1
 PYTEST_DIST := $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 # make up SOURCE=kafka: the service also runs a Kafka broker; the generator and the job use it.
 SOURCE ?= delta
+# make up JOB=sessions: the job is the sessionization example under rebalanced()
+# (spark_apps/sessions_job.py), with its tables in a data directory of its own.
+JOB ?= keyed
+SESSIONS_DATA := $(CURDIR)/.data/sessions
+JOB_DATA := $(if $(filter sessions,$(JOB)),REBALANCE_DATA_DIR="$${REBALANCE_DATA_DIR:-$(SESSIONS_DATA)}")
 
 .PHONY: help setup check-prereqs java cds test test-unit demo bench up down status kafka-up kafka-down constraints clean
 
@@ -38,6 +43,7 @@ help:
 	@echo "make bench      run the planning benchmark"
 	@echo "make up         start the whole service in the background (Airflow UI, Spark Connect, job, generator)"
 	@echo "                (make up SOURCE=kafka: also a Kafka broker; the generator produces to it, the job reads it)"
+	@echo "                (make up JOB=sessions: the job is examples/sessions.py under rebalanced(), data in .data/sessions)"
 	@echo "make down       stop everything make up started"
 	@echo "make status     say what of the service runs"
 	@echo "make kafka-up   start a local single-node Kafka broker (KRaft, 127.0.0.1:9092, data in .data/kafka)"
@@ -91,13 +97,15 @@ bench: setup
 	$(PY) include/benchmarks/plan_benchmark.py
 
 up: setup
-	$(PY) -m rebalance.cli service up --source $(SOURCE)
+	$(JOB_DATA) $(PY) -m rebalance.cli service up --source $(SOURCE) --job $(JOB)
 
 down:
-	@if [ -x $(PY) ]; then $(PY) -m rebalance.cli service down; else echo "nothing to stop (no .venv)"; fi
+	@if [ -x $(PY) ]; then $(PY) -m rebalance.cli service down; \
+	  if [ -d "$(SESSIONS_DATA)/service" ]; then REBALANCE_DATA_DIR="$(SESSIONS_DATA)" $(PY) -m rebalance.cli service down; fi; \
+	  else echo "nothing to stop (no .venv)"; fi
 
 status:
-	@$(PY) -m rebalance.cli service status
+	@$(JOB_DATA) $(PY) -m rebalance.cli service status
 
 kafka-up: setup
 	$(PY) -m rebalance.cli kafka up

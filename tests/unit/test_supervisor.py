@@ -141,6 +141,39 @@ def test_the_service_listens_on_loopback_and_runs_the_control_plane_on_spark_con
     assert parts["job"].argv[0] == sys.executable
 
 
+def test_job_sessions_runs_the_example_under_its_own_name_and_is_refused_over_another_jobs_tables(
+        settings):
+    """``make up JOB=sessions``: the job component is the sessions example's entry point,
+    the DAG controls the job named ``sessions``; the job is recorded for ``down``/``status``;
+    a data directory with the keyed job's tables, or SOURCE=kafka, is refused in one line
+    before anything starts."""
+    import dataclasses
+
+    sessions = dataclasses.replace(settings, job="sessions")
+    job = next(c for c in components(sessions) if c.name == "job")
+    assert job.argv[1].endswith("spark_apps/sessions_job.py")
+    assert job.argv[job.argv.index("--name") + 1] == "sessions"
+    assert job.ready_line == "running"
+    assert airflow_env(sessions)["REBALANCE_JOB_NAME"] == "sessions"
+    assert airflow_env(settings)["REBALANCE_JOB_NAME"] == "keyed"
+
+    def parts(s):
+        return []
+
+    settings.state.mkdir(parents=True)
+    Service(sessions, out=lambda _: None, parts=parts)._record_source()
+    assert (settings.state / "job").read_text() == "sessions\n"
+    assert dataclasses.replace(settings, job=None).job_app == "sessions"
+    (settings.data / "tables" / "key_histograms" / "_delta_log").mkdir(parents=True)
+    with pytest.raises(ServiceError, match="holds the sessions job's tables; JOB=keyed needs a "
+                                           "data directory of its own"):
+        Service(dataclasses.replace(settings, job="keyed"), out=lambda _: None,
+                parts=parts)._record_source()
+    with pytest.raises(ServiceError, match="JOB=sessions reads the events table; SOURCE=kafka"):
+        Service(dataclasses.replace(sessions, source="kafka"), out=lambda _: None,
+                parts=parts)._record_source()
+
+
 def test_the_users_spark_conf_reaches_the_spark_connect_server_and_wins(settings, monkeypatch):
     """REBALANCE_SPARK_CONF tunes the control plane's JVM as it tunes every session: a
     key the service sets is replaced, not given twice (spark-submit keeps the last)."""

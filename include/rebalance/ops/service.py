@@ -52,6 +52,9 @@ STOP_GRACE_SECONDS = 20.0
 READY_TIMEOUT_SECONDS = 480.0
 DEFAULT_SCHEDULE = "*/2 * * * *"
 SOURCES = ("delta", "kafka")
+#: The job the service runs: the built-in keyed job, or the sessionization example
+#: (``examples/sessions.py``) under ``rebalanced()`` (``spark_apps/sessions_job.py``).
+JOBS = ("keyed", "sessions")
 
 
 class ServiceError(RuntimeError):
@@ -91,6 +94,8 @@ class Settings:
     airflow_settings: dict[str, str] = field(default_factory=dict)
     #: Events from the Delta table or a Kafka topic (and a broker in <data>/kafka).
     source: str | None = None
+    #: The job (:data:`JOBS`); None: the one ``up`` recorded, else ``keyed``.
+    job: str | None = None
     kafka_port: int = int(os.environ.get("REBALANCE_KAFKA_PORT", "9092"))
     topic: str = "events"
 
@@ -112,6 +117,13 @@ class Settings:
         path = self.state / "source"
         recorded = path.read_text().strip() if path.is_file() else ""
         return self.source or (recorded if recorded in SOURCES else "delta")
+
+    @property
+    def job_app(self) -> str:
+        """``job``, else the one ``up`` recorded in ``<data>/service/job``, else keyed."""
+        path = self.state / "job"
+        recorded = path.read_text().strip() if path.is_file() else ""
+        return self.job or (recorded if recorded in JOBS else "keyed")
 
     @property
     def bootstrap(self) -> str:
@@ -210,6 +222,8 @@ def airflow_env(s: Settings) -> dict[str, str]:
 def job_name(s: Settings) -> str:
     """The job's name (checkpoints, restart requests): one per source (a checkpoint keeps its
     source)."""
+    if s.job_app == "sessions":
+        return "sessions"
     return "keyed-kafka" if s.events_source == "kafka" else "keyed"
 
 
@@ -245,16 +259,31 @@ def components(s: Settings) -> list[Component]:
                                 "--instances", str(s.instances), "--seed", "10",
                                 *(["--sink", "kafka", *sink] if kafka else [])],
                   genv, ready_line="following", stop_signal=signal.SIGINT),
-        Component("job", [py, str(REPO_ROOT / "spark_apps" / "restartable_job.py"),
-                          "--instances", str(s.instances),
-                          "--window-seconds", str(s.window_seconds),
-                          "--watermark-seconds", str(s.window_seconds // 2),
-                          "--windows", "3", "--trigger-seconds", str(s.trigger_seconds),
-                          "--poll-seconds", f"{s.restart_poll_seconds:g}", "--master", "local[2]",
-                          "--name", job_name(s),
-                          *(["--source", "kafka", *sink] if kafka else [])],
-                  env, ready_line="running", stop_signal=signal.SIGINT),
+        job_component(s, env, sink),
     ]
+
+
+def job_component(s: Settings, env: dict[str, str], sink: list[str]) -> Component:
+    """The streaming job: the built-in restartable job, or the sessions example."""
+    if s.job_app == "sessions":
+        return Component("job", [sys.executable, str(REPO_ROOT / "spark_apps" / "sessions_job.py"),
+                                 "--instances", str(s.instances),
+                                 "--window-seconds", str(s.window_seconds),
+                                 "--watermark-seconds", str(s.window_seconds // 2),
+                                 "--trigger-seconds", str(s.trigger_seconds),
+                                 "--master", "local[2]", "--name", job_name(s)],
+                         env, ready_line="running", stop_signal=signal.SIGINT)
+    kafka = s.events_source == "kafka"
+    py = sys.executable
+    return Component("job", [py, str(REPO_ROOT / "spark_apps" / "restartable_job.py"),
+                             "--instances", str(s.instances),
+                             "--window-seconds", str(s.window_seconds),
+                             "--watermark-seconds", str(s.window_seconds // 2),
+                             "--windows", "3", "--trigger-seconds", str(s.trigger_seconds),
+                             "--poll-seconds", f"{s.restart_poll_seconds:g}",
+                             "--master", "local[2]", "--name", job_name(s),
+                             *(["--source", "kafka", *sink] if kafka else [])],
+                     env, ready_line="running", stop_signal=signal.SIGINT)
 
 
 def _connect_server(s: Settings, env: dict[str, str]) -> Component:
@@ -391,7 +420,11 @@ class Service:
                 self.out(f"{DAG_ID:14s} could not be unpaused: {exc}; unpause it in the UI")
 
     def _record_source(self) -> None:
-        """Record the source ``down`` / ``status`` go by (another one while it runs: refused)."""
+        """Record the source and the job ``down`` / ``status`` go by (another source while
+        it runs, or another job over a data directory with a job's tables: refused)."""
+        if self.s.job_app == "sessions" and self.s.events_source == "kafka":
+            raise ServiceError("JOB=sessions reads the events table; SOURCE=kafka runs the "
+                               "built-in job only")
         wanted = self.s.events_source
         recorded = dataclasses.replace(self.s, source=None).events_source
         if wanted != recorded and any(alive(r) for r in Service(
@@ -399,6 +432,12 @@ class Service:
             raise ServiceError(f"the service runs with SOURCE={recorded}; stop it with "
                                f"`make down` before `make up SOURCE={wanted}`")
         (self.s.state / "source").write_text(wanted + "\n")
+        job, held = self.s.job_app, dataclasses.replace(self.s, job=None).job_app
+        histograms = self.s.data / "tables" / "key_histograms" / "_delta_log"
+        if job != held and histograms.is_dir():
+            raise ServiceError(f"{self.s.data} holds the {held} job's tables; JOB={job} needs "
+                               "a data directory of its own (REBALANCE_DATA_DIR)")
+        (self.s.state / "job").write_text(job + "\n")
 
     def _migrate_airflow_db(self) -> None:
         import subprocess
@@ -556,11 +595,14 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--source", choices=SOURCES,
                    help="up: read events from the Delta table (default) or from a Kafka "
                         "broker the service runs; down / status: the one up recorded")
+    p.add_argument("--job", choices=JOBS,
+                   help="up: the built-in keyed job (default) or the sessionization example "
+                        "under rebalanced(); down / status: the one up recorded")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    service = Service(Settings(source=args.source))
+    service = Service(Settings(source=args.source, job=args.job))
     if args.action == "down":
         stopped = service.down()
         print(f"stopped {len(stopped)} process(es); nothing of the service runs"
