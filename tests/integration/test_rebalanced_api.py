@@ -31,6 +31,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 N = 3
 T0_MS = 1_704_067_200_000
+#: Histogram windows of the sessions run: an hour, so the window of minutes 60-120 holds
+#: clicks of both phases (the move comes between them).
+WINDOW_SECONDS = 3600
 
 
 def _example(name: str):
@@ -148,6 +151,7 @@ DRIVER_CHILD = r'''
 import importlib.util, json, sys
 from pathlib import Path
 repo, root, step, moves = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+WINDOW_SECONDS = int(sys.argv[5])
 spec = importlib.util.spec_from_file_location("example_sessions", repo / "examples" / "sessions.py")
 sessions = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sessions)
@@ -162,7 +166,7 @@ clicks = (spark.readStream.format("delta").option("maxFilesPerTrigger", 4)
 job = rebalanced(clicks, key="user_id", processor=sessions.Sessionize(),
                  output_schema=sessions.SESSION_SCHEMA, time_mode="EventTime",
                  event_time="click_time", job="sessions", instances=3,
-                 tables_root=str(root / "tables"), window_seconds=600)
+                 tables_root=str(root / "tables"), window_seconds=WINDOW_SECONDS)
 query = job.start(output=str(root / "out"), checkpoint=str(root / "chk"), trigger_seconds=None)
 query.process_all_available()
 if step == "move":
@@ -196,7 +200,8 @@ def _killed_during_the_move(spark, root: Path, phases, moves: dict) -> dict:
     argv = json.dumps({str(k): int(v) for k, v in moves.items()})
 
     def driver(step: str) -> Proc:
-        return Proc([sys.executable, "-c", DRIVER_CHILD, str(REPO), str(root), step, argv],
+        return Proc([sys.executable, "-c", DRIVER_CHILD, str(REPO), str(root), step, argv,
+                     str(WINDOW_SECONDS)],
                     dict(os.environ), root / f"{step}.log")
 
     moving = driver("move")
@@ -242,6 +247,7 @@ def scenario(spark, tmp_path_factory):
     moves = {k: (int(d) + 1) % N for k, d in zip(busiest, default_instances(busiest, N))}
     (root / "reb").mkdir()
     return dict(plain=plain, moves=moves, inputs=pd.concat(phases[0] + phases[1]),
+                before_move=pd.concat(phases[0]),
                 **_killed_during_the_move(spark, root / "reb", phases, moves))
 
 
@@ -258,6 +264,28 @@ def test_moved_users_state_moved_once(scenario):
 
     keys = sorted(payload_of(r)["key"] for r in moved.itertuples())
     assert keys == sorted(scenario["moves"]), "each moved user's state is handed over once"
+
+
+def test_a_window_counts_under_the_new_version_only_where_no_click_came_before_the_move(
+        scenario):
+    """The window of minutes 60-120 has clicks of both phases: on every instance that had
+    a click of it before the move, its rows carry the old version (``verify`` measures only
+    windows run wholly under the new one)."""
+    from rebalance.core.placement import default_instances
+
+    window_ms = WINDOW_SECONDS * 1000
+    before = scenario["before_move"]
+    ms = before["click_time"].to_numpy().astype("datetime64[ms]").astype("int64")
+    early = set(zip((ms - ms % window_ms).tolist(),
+                    default_instances(list(before["user_id"]), N).tolist()))
+    hist = scenario["hist"]
+    starts = hist["window_start"].to_numpy().astype("datetime64[ms]").astype("int64")
+    rows = set(zip(starts.tolist(), hist["instance"].tolist(), hist["assignment_version"].tolist()))
+    straddling = T0_MS + window_ms
+    assert any(w == straddling and (w, i) in early for w, i, _ in rows), \
+        "the scenario has no window with clicks of both phases"
+    labelled_new = {(w, i) for w, i, v in rows if v == scenario["version"]}
+    assert not labelled_new & early, sorted(labelled_new & early)
 
 
 def test_histograms_count_every_click_on_its_instance(scenario):

@@ -200,7 +200,11 @@ class InstanceHost(StatefulProcessor):
 
     def _count(self, frame: pd.DataFrame, sizes: dict[str, int], now: int, task_ns: int,
                cpu_ns: int) -> None:
-        """Add the batch's events, cost and state bytes per (window, key) to the open windows."""
+        """Add the batch's events, cost and state bytes per (window, key) to the open windows.
+
+        A window's assignment version is the oldest one its events ran under on this
+        instance: a window counts as run under version v (what ``verify`` measures) only
+        when every event in it was routed by v."""
         if not len(frame):
             return
         s = self.settings
@@ -222,7 +226,7 @@ class InstanceHost(StatefulProcessor):
             if held is None:
                 self.handle.registerTimer(window + s.window_ms)
                 merged: dict[str, list] = {}
-                version, t_ns, c_ns = 0, 0, 0
+                version, t_ns, c_ns = None, 0, 0
             else:
                 merged = {k: [e, c, b, d, g, 0] for k, e, c, b, d, g in zip(*held[:6])}
                 version, t_ns, c_ns = int(held[6]), int(held[7]), int(held[8])
@@ -232,7 +236,7 @@ class InstanceHost(StatefulProcessor):
                 merged[k] = ([e, c, b, d, g, v] if old is None
                              else [old[0] + e, old[1] + c, max(old[2], b), d, g, v])
                 events += e
-                version = max(version, v)
+                version = v if version is None else min(version, v)
             share = events / total
             names = list(merged)
             self.windows.updateValue((window,), (
