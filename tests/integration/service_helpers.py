@@ -382,8 +382,11 @@ class ServiceStack(Service):
     """``rebalance.ops.service.Service`` on :func:`stack_settings`, with what the tests need
     to put it in a known state: the schedule, no run in flight, the default placement."""
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(stack_settings(root), out=lambda line: print(line, flush=True))
+    def __init__(self, root: Path, job: str | None = None) -> None:
+        import dataclasses
+
+        super().__init__(dataclasses.replace(stack_settings(root), job=job),
+                         out=lambda line: print(line, flush=True))
         self.figures: dict = {}
         self.started: float | None = None
         #: wall-clock time (time.time()) since which the stack runs on :data:`SCHEDULE`
