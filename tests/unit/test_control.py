@@ -4,6 +4,7 @@ pyspark out, and the pure helpers (params, plan ids, records) are tested here, f
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def test_plan_id_is_a_hash_of_run_params_and_snapshot():
     assert pid == plan_id_for(run, RunParams(), {**inputs, "events": 2})  # not part of the id
     assert pid != plan_id_for(run, RunParams(theta=0.2), inputs)
     assert pid != plan_id_for(run, RunParams(), {**inputs, "key_histograms_version": 4})
-    assert len(pid) == 20 and int(pid, 16) >= 0
+    assert re.fullmatch(r"[0-9a-f]{20}", pid), pid
 
 
 def test_run_params_are_canonical_and_checked_once():

@@ -220,7 +220,10 @@ def test_table_bound_gives_the_brute_force_optimum(seed, max_table):
     best = brute_force_with_table(problem, theta, max_table)
     result = plan(problem, theta=theta, max_table=max_table)
     if not np.isfinite(best):
-        return  # no plan meets both bounds; the planner reports what it could do
+        # no plan meets both bounds: the planner says so, with the bound it broke
+        assert not result.feasible
+        assert any(f"exceeds max table {max_table}" in n for n in result.notes), result.notes
+        return
     assert result.feasible, result.notes
     assert result.metrics.table_size <= max_table
     slack = milp_setting.DISTANCE_WEIGHT * max(1.0, theta) * problem.state.sum()
