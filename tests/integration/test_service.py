@@ -275,6 +275,8 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
                                                        dt.timezone.utc))
     api.call("PATCH", path, {"is_paused": True})
     assert api.get(path)["is_paused"] is True
+    maintenance = "/api/v2/dags/rebalance_maintenance"   # the daily maintenance too
+    api.call("PATCH", maintenance, {"is_paused": True})
     # `make status` says so (the health strip), and that the job writes windows
     health = dict(service_lines(quiet, quiet.status(), "rebalance"))
     assert health["dag"].startswith("PAUSED: nothing is scheduled"), health
@@ -288,7 +290,8 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
     finally:
         quiet.out = out
     assert api.get(path)["is_paused"] is False
-    assert any("unpaused" in line for line in lines), lines
+    assert api.get(maintenance)["is_paused"] is False
+    assert sum("unpaused" in line for line in lines) == 2, lines
     assert dict(service_lines(quiet, quiet.status(), "rebalance"))["dag"] == "active (unpaused)"
 
 

@@ -55,6 +55,10 @@ SOURCES = ("delta", "kafka")
 #: The job the service runs: the built-in keyed job, or the sessionization example
 #: (``examples/sessions.py``) under ``rebalanced()`` (``spark_apps/sessions_job.py``).
 JOBS = ("keyed", "sessions")
+#: The DAGs ``up`` makes sure are not paused: the scheduled ones run unattended, and a
+#: paused DAG does not run the runs a person triggers (rollback, healthcheck) either.
+SERVICE_DAGS = ("rebalance", "rebalance_maintenance", "rebalance_healthcheck",
+                "rebalance_rollback")
 
 
 class ServiceError(RuntimeError):
@@ -403,21 +407,22 @@ class Service:
         return started
 
     def _unpause(self) -> None:
-        """The ``rebalance`` DAG runs on its schedule from ``up`` on. A new DAG is created
-        unpaused (``dags_are_paused_at_creation`` False), but one registered earlier,
-        paused (Airflow's default: ``make demo``, ``airflow dags test``), keeps its flag in
-        Airflow's database: unpause it, and say so."""
-        from rebalance.control.params import DAG_ID
+        """The service's DAGs (:data:`SERVICE_DAGS`) run from ``up`` on. A new DAG is
+        created unpaused (``dags_are_paused_at_creation`` False), but one registered
+        earlier, paused (Airflow's default: ``make demo``, ``airflow dags test``), keeps its
+        flag in Airflow's database: unpause it, and say so."""
         from rebalance.ops.airflow_client import AirflowClient, AirflowError
 
-        try:
-            api = AirflowClient(self.s.api_url, *self.login(), timeout=30)
-            if api.get(f"/api/v2/dags/{DAG_ID}")["is_paused"]:
-                api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-                self.out(f"{DAG_ID:14s} unpaused (it was registered paused earlier)")
-        except AirflowError as exc:
-            if exc.status != 404:  # 404: not parsed yet, it will be created unpaused
-                self.out(f"{DAG_ID:14s} could not be unpaused: {exc}; unpause it in the UI")
+        api = None
+        for dag_id in SERVICE_DAGS:
+            try:
+                api = api or AirflowClient(self.s.api_url, *self.login(), timeout=30)
+                if api.get(f"/api/v2/dags/{dag_id}")["is_paused"]:
+                    api.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+                    self.out(f"{dag_id:14s} unpaused (it was registered paused earlier)")
+            except AirflowError as exc:
+                if exc.status != 404:  # 404: not parsed yet, it will be created unpaused
+                    self.out(f"{dag_id:14s} could not be unpaused: {exc}; unpause it in the UI")
 
     def _record_source(self) -> None:
         """Record the source and the job ``down`` / ``status`` go by (another source while
