@@ -29,7 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cli.audit",
     "cli.apply",
     "cli.evaluate",
-    "ops.service",
+    "cli.service",
     "ops.kafka",
     "ops.cluster",
     "cli.trigger",

@@ -141,15 +141,15 @@ class InstanceHost(StatefulProcessor):
         now = self._now(timerValues)
         sizes: dict[str, int] = {}
         s = self.settings
-        user = list(s.user_columns)
+        user_rows, names = frame[list(s.user_columns)], frame["rb_key"].to_numpy()
+        batch_ms = timerValues.getCurrentProcessingTimeInMs()
         for value, index in frame.groupby(s.key_column, sort=False).indices.items():
             value = _native(value)
-            rows_of_key = frame.iloc[index]
-            self.scope.enter(value, timerValues.getCurrentProcessingTimeInMs())
+            self.scope.enter(value, batch_ms)
             for out in self.processor.handleInputRows(
-                    (value,), iter([rows_of_key[user].reset_index(drop=True)]), timerValues):
+                    (value,), iter([user_rows.iloc[index].reset_index(drop=True)]), timerValues):
                 yield self._user_rows(out)
-            sizes[rows_of_key["rb_key"].iat[0]] = self.scope.state_bytes()
+            sizes[names[index[0]]] = self.scope.state_bytes()
         self._count(frame, sizes, now, time.perf_counter_ns() - started,
                     time.thread_time_ns() - cpu_started)
         if exports is not None and len(exports):
@@ -172,7 +172,8 @@ class InstanceHost(StatefulProcessor):
 
     def _window_timer(self, ts: int) -> bool:
         """Whether the instance timer at ``ts`` is also a histogram window's end."""
-        return self.windows.containsKey((int(ts) - self.settings.window_ms,))
+        window_ms = self.settings.window_ms
+        return int(ts) % window_ms == 0 and self.windows.containsKey((int(ts) - window_ms,))
 
     # ------------------------------------------------------------------ outputs
 
