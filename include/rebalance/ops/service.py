@@ -267,27 +267,21 @@ def components(s: Settings) -> list[Component]:
 
 
 def job_component(s: Settings, env: dict[str, str], sink: list[str]) -> Component:
-    """The streaming job: the built-in restartable job, or the sessions example."""
+    """The streaming job: the built-in restartable job, or the sessions example; both on
+    the service's instances, windows, watermark and micro-batch interval."""
+    common = ["--instances", str(s.instances), "--window-seconds", str(s.window_seconds),
+              "--watermark-seconds", str(s.window_seconds // 2),
+              "--trigger-seconds", str(s.trigger_seconds), "--master", "local[2]",
+              "--name", job_name(s)]
     if s.job_app == "sessions":
-        return Component("job", [sys.executable, str(REPO_ROOT / "spark_apps" / "sessions_job.py"),
-                                 "--instances", str(s.instances),
-                                 "--window-seconds", str(s.window_seconds),
-                                 "--watermark-seconds", str(s.window_seconds // 2),
-                                 "--trigger-seconds", str(s.trigger_seconds),
-                                 "--master", "local[2]", "--name", job_name(s)],
-                         env, ready_line="running", stop_signal=signal.SIGINT)
-    kafka = s.events_source == "kafka"
-    py = sys.executable
-    return Component("job", [py, str(REPO_ROOT / "spark_apps" / "restartable_job.py"),
-                             "--instances", str(s.instances),
-                             "--window-seconds", str(s.window_seconds),
-                             "--watermark-seconds", str(s.window_seconds // 2),
-                             "--windows", "3", "--trigger-seconds", str(s.trigger_seconds),
-                             "--poll-seconds", f"{s.restart_poll_seconds:g}",
-                             "--master", "local[2]", "--name", job_name(s),
-                             *(["--source", "kafka", *sink] if kafka else [])],
-                     env, ready_line="running", stop_signal=signal.SIGINT)
-
+        argv = [str(REPO_ROOT / "spark_apps" / "sessions_job.py"), *common]
+    else:
+        kafka = s.events_source == "kafka"
+        argv = [str(REPO_ROOT / "spark_apps" / "restartable_job.py"), *common, "--windows", "3",
+                "--poll-seconds", f"{s.restart_poll_seconds:g}",
+                *(["--source", "kafka", *sink] if kafka else [])]
+    return Component("job", [sys.executable, *argv], env, ready_line="running",
+                     stop_signal=signal.SIGINT)
 
 def _connect_server(s: Settings, env: dict[str, str]) -> Component:
     from rebalance.spark import session
