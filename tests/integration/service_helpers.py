@@ -275,12 +275,18 @@ class Proc:
 
 
 # ------------------------------------------------------------- the DAG's steps, as a child
+#: Both children below end as an Airflow task process ends (the task SDK's forked child:
+#: flush, then ``os._exit``), without the interpreter's teardown: there, a native thread
+#: pool of a library (Arrow's, seen once in 30 processes before the reads were made
+#: single-threaded, and once in a full suite run since) can abort a process whose work is
+#: done ("terminate called without an active exception"), which an Airflow task never sees.
+#:
 #: ``python -c PIPELINE_CHILD DATA_INTERVAL_START DATA_INTERVAL_END RUN_ID``: the
 #: ``rebalance`` DAG's task functions in order (windows -> detect -> plan -> validate ->
 #: publish -> apply), as the Airflow task processes call them, in one process the tests can
 #: ``kill -9``. Prints ``STEP <name> start`` / ``STEP <name> done <plan id>`` lines.
 PIPELINE_CHILD = r'''
-import sys
+import os, sys
 from rebalance.control import inputs, rollout, tasks
 
 start, end, run_id = sys.argv[1:4]
@@ -302,6 +308,8 @@ v = step("validate", tasks.validate, p)
 pub = step("publish", tasks.publish, v)
 a = step("apply", rollout.apply, pub)
 print("STATUS", a["plan"]["status"], a["plan"].get("assignment_version"), flush=True)
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)   # as an Airflow task process ends (above)
 '''
 
 
@@ -326,6 +334,8 @@ for spec in sys.argv[1:]:
     except Exception as exc:
         line = str(exc).replace("\n", " ")
         print(f"RESULT {run_id} {type(exc).__name__} {line}", flush=True)
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)   # as an Airflow task process ends (above)
 '''
 
 
