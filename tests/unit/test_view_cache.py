@@ -82,3 +82,19 @@ def test_a_table_that_cannot_be_listed_is_read_every_time_and_the_cache_is_bound
     page(None, limit=0)                       # dropped first: read again
     page(None, limit=4)                       # kept
     assert calls[-1] == 0 and calls.count(4) == 1
+
+
+def test_plan_records_are_read_once_per_version_of_plans(data_dir, monkeypatch):
+    reads = []
+
+    def plans(store):
+        reads.append(1)
+        return [f"record-{len(reads)}"]
+    monkeypatch.setattr(views.PlanStore, "plans", plans)
+    monkeypatch.setattr(views, "_RECORDS", {})
+    monkeypatch.setattr(views.tables, "exists", lambda spark, table: True)
+    _commit(data_dir, "plans", 0)
+    assert views._plan_records(None) == views._plan_records(None) == ("record-1",)
+    assert len(reads) == 1
+    _commit(data_dir, "plans", 1)             # a new version: read again
+    assert views._plan_records(None) == ("record-2",) and len(reads) == 2

@@ -60,6 +60,25 @@ def by_tables(*names: str):
         return call
     return wrap
 
+_RECORDS: dict[str, Any] = {}
+
+
+def _plan_records(spark) -> tuple:
+    """Every plan record, read once per version of ``plans`` (the index page asks twice:
+    the plan history and the theta of each version shown). The records are shared, not
+    copied: the view functions only read them. Empty when there is no ``plans`` table."""
+    if not tables.exists(spark, PLANS):
+        return ()
+    ident = (str(tables.tables_root()), log_ident(tables.tables_root() / "plans"))
+    with _LOCK:
+        if ident[1] is not None and _RECORDS.get("ident") == ident:
+            return _RECORDS["records"]
+    records = tuple(PlanStore(spark).plans())   # at this version or a newer one
+    with _LOCK:
+        _RECORDS.update(ident=ident, records=records)
+    return records
+
+
 #: Columns of the plan history, in display order.
 PLAN_COLUMNS = (
     "plan_id", "status", "method", "run_type", "created_at", "imbalance_before",
@@ -111,7 +130,7 @@ def plan_row(record: PlanRecord) -> dict[str, Any]:
 @by_tables("plans")
 def plans(spark, limit: int = 200) -> list[dict[str, Any]]:
     """The plan history, newest first."""
-    records = sorted(PlanStore(spark).plans(),
+    records = sorted(_plan_records(spark),
                      key=lambda r: r.created_at or dt.datetime.min.replace(tzinfo=dt.timezone.utc),
                      reverse=True)
     return [plan_row(r) for r in records[:limit]]
@@ -232,8 +251,7 @@ def realised_imbalance(spark, windows: int = 60) -> dict[str, Any]:
     w = window_loads(spark, tables.assignments_n_instances(spark), latest=windows)
     if not w.windows:
         return empty
-    records = {r.plan_id: r for r in PlanStore(spark).plans()} if tables.exists(spark, PLANS) \
-        else {}
+    records = {r.plan_id: r for r in _plan_records(spark)}
     theta_of = {int(c.version): float(records[c.metadata["plan_id"]].params["theta"])
                 # only the versions the windows shown ran under
                 for c in tables.assignment_history(spark, after=min(w.versions) - 1)
