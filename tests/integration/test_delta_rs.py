@@ -152,6 +152,13 @@ def test_an_append_carries_the_commit_metadata_and_transaction_of_a_spark_append
     seen = spark.read.format("delta").load(path).groupBy().agg({"batch": "sum"}).collect()[0][0]
     assert seen == 7 * 2 + sum(range(8, 17)) * 2
     assert delta_rs.version(path) == 10
+    # rows in another column order, with a column the table lacks: the table's columns go in
+    assert delta_rs.append(path, pa.table({"extra": [1], "batch": pa.array([99], pa.int32()),
+                                           "id": ["z"]}))
+    assert spark.read.format("delta").load(path).where("batch = 99").collect()[0].id == "z"
+    with pytest.raises(delta_rs.DeltaRsError, match=r"lack the table's columns \['batch'\]"):
+        delta_rs.append(path, pa.table({"id": ["y"]}))
+    assert delta_rs.version(path) == 11                      # the refused append wrote nothing
 
     root = tmp_path / "tables"
     tables.publish_assignment(spark, {"k1": 1}, 2, root=root)

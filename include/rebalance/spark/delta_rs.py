@@ -262,7 +262,8 @@ def properties(path: str | Path) -> dict[str, str]:
 
 def append(path: str | Path, data: pa.Table, metadata: dict[str, Any] | None = None,
            txn: tuple[str, int] | None = None) -> bool:
-    """Append ``data`` (the table's columns) as one commit, ``metadata`` as its userMetadata
+    """Append ``data`` (the table's columns, in any order; other columns are left out) as
+    one commit, ``metadata`` as its userMetadata
     JSON; False when skipped. ``txn = (app_id, version)`` makes it idempotent as a Spark
     append's ``txnAppId``/``txnVersion``: skipped when the table recorded a version at or
     above it for the app id. Only for a table without writer features (protocol 2).
@@ -282,7 +283,11 @@ def append(path: str | Path, data: pa.Table, metadata: dict[str, Any] | None = N
         custom_metadata=({"userMetadata": json.dumps(metadata, sort_keys=True)}
                          if metadata else None),
         app_transactions=[Transaction(txn[0], int(txn[1]))] if txn is not None else None)
-    write_deltalake(t, data.cast(pa.schema(t.schema().to_arrow())), mode="append",
+    schema = pa.schema(t.schema().to_arrow())
+    missing = [n for n in schema.names if n not in data.column_names]
+    if missing:
+        raise DeltaRsError(f"{path}: the rows to append lack the table's columns {missing}")
+    write_deltalake(t, data.select(schema.names).cast(schema), mode="append",
                     commit_properties=props)
     # a checkpoint every ``delta.checkpointInterval`` commits, as Spark writes them: the
     # next open of the table (by any engine) replays at most that many commits

@@ -355,7 +355,7 @@ class RebalancedSink:
             of_kind = rows.filter(pc.equal(rows["rb_kind"], kind))
             if of_kind.num_rows:
                 path = table.path(self.stream.tables_root)
-                delta_rs.append(path, of_kind.select(delta_rs.columns(path)), metadata=meta,
+                delta_rs.append(path, of_kind, metadata=meta,
                                 txn=(f"{self.query_id}:{table.name}", batch_id))
 
 # --------------------------------------------------------------------------- the query
