@@ -69,7 +69,8 @@ def _plan_records(spark) -> tuple:
     copied: the view functions only read them. Empty when there is no ``plans`` table."""
     if not tables.exists(spark, PLANS):
         return ()
-    ident = (str(tables.tables_root()), log_ident(tables.tables_root() / "plans"))
+    root = tables.tables_root()
+    ident = (str(root), log_ident(root / PLANS.name))
     with _LOCK:
         if ident[1] is not None and _RECORDS.get("ident") == ident:
             return _RECORDS["records"]
