@@ -276,10 +276,9 @@ class Proc:
 
 # ------------------------------------------------------------- the DAG's steps, as a child
 #: Both children below end as an Airflow task process ends (the task SDK's forked child:
-#: flush, then ``os._exit``), without the interpreter's teardown: there, a native thread
-#: pool of a library (Arrow's, seen once in 30 processes before the reads were made
-#: single-threaded, and once in a full suite run since) can abort a process whose work is
-#: done ("terminate called without an active exception"), which an Airflow task never sees.
+#: flush, then ``os._exit``), without the interpreter's teardown, where a library's native
+#: thread pool can abort a process whose work is done ("terminate called without an active
+#: exception"; docs/testing.md), which an Airflow task never reaches.
 #:
 #: ``python -c PIPELINE_CHILD DATA_INTERVAL_START DATA_INTERVAL_END RUN_ID``: the
 #: ``rebalance`` DAG's task functions in order (windows -> detect -> plan -> validate ->

@@ -91,7 +91,6 @@ def test_plan_records_are_read_once_per_version_of_plans(data_dir, monkeypatch):
         reads.append(1)
         return [f"record-{len(reads)}"]
     monkeypatch.setattr(views.PlanStore, "plans", plans)
-    monkeypatch.setattr(views, "_RECORDS", {})
     monkeypatch.setattr(views.tables, "exists", lambda spark, table: True)
     _commit(data_dir, "plans", 0)
     assert views._plan_records(None) == views._plan_records(None) == ("record-1",)

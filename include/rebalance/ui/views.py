@@ -36,9 +36,12 @@ _CACHE: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def by_tables(*names: str):
+def by_tables(*names: str, copy_result: bool = True):
     """Keep a view function's results under the log versions of the tables ``names``
-    (:func:`~rebalance.spark.delta_rs.log_ident`) and its arguments; a caller gets a copy."""
+    (:func:`~rebalance.spark.delta_rs.log_ident`) and its arguments; a caller gets a copy
+    (``copy_result`` False: the kept result itself, for callers that only read it)."""
+    share = (lambda value: value) if not copy_result else copy.deepcopy
+
     def wrap(fn):
         @functools.wraps(fn)
         def call(spark, *args, **kwargs):
@@ -50,34 +53,22 @@ def by_tables(*names: str):
             with _LOCK:
                 if key in _CACHE:
                     _CACHE.move_to_end(key)
-                    return copy.deepcopy(_CACHE[key])
+                    return share(_CACHE[key])
             result = fn(spark, *args, **kwargs)   # read at these versions or newer ones
             with _LOCK:
-                _CACHE[key] = copy.deepcopy(result)
+                _CACHE[key] = share(result)
                 while len(_CACHE) > CACHE_SIZE:
                     _CACHE.popitem(last=False)
             return result
         return call
     return wrap
 
-_RECORDS: dict[str, Any] = {}
-
-
+@by_tables("plans", copy_result=False)
 def _plan_records(spark) -> tuple:
     """Every plan record, read once per version of ``plans`` (the index page asks twice:
-    the plan history and the theta of each version shown). The records are shared, not
-    copied: the view functions only read them. Empty when there is no ``plans`` table."""
-    if not tables.exists(spark, PLANS):
-        return ()
-    root = tables.tables_root()
-    ident = (str(root), log_ident(root / PLANS.name))
-    with _LOCK:
-        if ident[1] is not None and _RECORDS.get("ident") == ident:
-            return _RECORDS["records"]
-    records = tuple(PlanStore(spark).plans())   # at this version or a newer one
-    with _LOCK:
-        _RECORDS.update(ident=ident, records=records)
-    return records
+    the plan history and the theta of each version shown). A tuple shared by its callers,
+    not copied: the view functions only read the records. Empty without a ``plans`` table."""
+    return tuple(PlanStore(spark).plans()) if tables.exists(spark, PLANS) else ()
 
 
 #: Columns of the plan history, in display order.
