@@ -1,8 +1,9 @@
 """rebalance: plan and apply load rebalancing for keyed stateful stream jobs.
 
 ``from rebalance import rebalanced`` runs a user's own StatefulProcessor rebalanced
-(:func:`rebalance.streaming.rebalanced.rebalanced`; imported on first use, so that
-``import rebalance`` needs no Spark).
+(:func:`rebalance.streaming.rebalanced.rebalanced`); ``from rebalance import Merge``
+declares how its partial results merge (:class:`rebalance.streaming.merge.Merge`). Both
+are imported on first use, so that ``import rebalance`` needs no Spark.
 """
 
 __version__ = "0.1.0"
@@ -13,4 +14,8 @@ def __getattr__(name: str):
         from rebalance.streaming.rebalanced import rebalanced
 
         return rebalanced
+    if name == "Merge":
+        from rebalance.streaming.merge import Merge
+
+        return Merge
     raise AttributeError(f"module 'rebalance' has no attribute {name!r}")

@@ -374,3 +374,102 @@ def test_refusals_name_the_part(spark):
     for change, message in cases:
         with pytest.raises(ContractError, match=message.replace("(", r"\(")):
             rebalanced(df, **{**ok, **change})
+
+
+views = _example("page_views")
+
+
+@pytest.fixture(scope="module")
+def views_scenario(spark, tmp_path_factory):
+    """examples/page_views.py (a MapState of open windows per user, a timer at each
+    window's end, a Merge) on three phases of clicks, under plain Spark and under
+    rebalanced(): after the first phase the busiest user is split over the three
+    instances and the second busiest moved; after the second the busiest is whole again,
+    on an instance other than its default, and the second busiest split over two."""
+    from rebalance.core.placement import default_instances
+    from rebalance.spark import jobs, tables
+    from rebalance.streaming.rebalanced import rebalanced
+
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    root, phases = tmp_path_factory.mktemp("views"), _clicks(n_phases=3, batches=3, seed=11)
+    plain = _plain(spark, root, phases, make=views.PageViews, in_schema=views.CLICKS_SCHEMA,
+                   out_schema=views.VIEWS_SCHEMA, key="user_id", time_mode="EventTime",
+                   watermark="click_time")
+    hot, second = list(pd.concat(phases[0])["user_id"].value_counts().index[:2])
+    hot_default, second_default = (int(d) for d in default_instances([hot, second], N))
+    versions = [
+        dict(routing={second: (second_default + 1) % N},
+             splits={hot: {0: 0.4, 1: 0.3, 2: 0.3}}),
+        dict(routing={hot: (hot_default + 1) % N},
+             splits={second: {second_default: 0.5, (second_default + 2) % N: 0.5}}),
+    ]
+    reb_in, reb_out, tables_root = str(root / "reb_in"), str(root / "reb_out"), str(root / "tables")
+    for frame in phases[0]:
+        _write(spark, reb_in, frame, views.CLICKS_SCHEMA)
+    stream = rebalanced(_stream(spark, reb_in, "click_time"), key="user_id",
+                        processor=views.PageViews(), output_schema=views.VIEWS_SCHEMA,
+                        time_mode="EventTime", event_time="click_time", job="views",
+                        instances=N, tables_root=tables_root, window_seconds=600,
+                        merge=views.MERGE)
+    query = stream.start(output=reb_out, checkpoint=str(root / "reb_chk"), trigger_seconds=1)
+    query.process_all_available()
+    published = []
+    for phase, version in zip(phases[1:], versions):
+        published.append(tables.publish_assignment(spark, version["routing"], N,
+                                                   root=tables_root, splits=version["splits"]))
+        assert query.switch() == published[-1]
+        for frame in phase:
+            _write(spark, reb_in, frame, views.CLICKS_SCHEMA)
+        query.resume()
+        query.process_all_available()
+    query.stop()
+    return dict(plain=plain, rebalanced=_rows(spark, reb_out, views.VIEWS_SCHEMA),
+                hot=hot, second=second, published=published,
+                hist=tables.read(spark, tables.KEY_HISTOGRAMS, tables_root).toPandas(),
+                control=spark.read.format("delta").load(
+                    str(root / "reb_chk" / "_rebalance" / "control")).toPandas(),
+                start=jobs.latest_start(spark, "views", tables_root))
+
+
+def test_page_views_with_split_users_equal_plain_spark(views_scenario):
+    plain = views_scenario["plain"]
+    assert len(plain) > 40, "the plain run closed few windows"
+    assert views_scenario["rebalanced"] == plain
+
+
+def test_a_split_users_windows_were_counted_on_several_instances_and_merged(views_scenario):
+    hist = views_scenario["hist"]
+    for user, version in ((views_scenario["hot"], views_scenario["published"][0]),
+                          (views_scenario["second"], views_scenario["published"][1])):
+        parts = hist[(hist["key"] == user) & (hist["assignment_version"] == version)]
+        per_window = parts.groupby("window_start")["instance"].nunique()
+        assert (per_window >= 2).sum() >= 2, (user, parts)
+
+
+def test_with_a_merge_a_move_hands_no_state_over_and_the_job_says_it_splits(views_scenario):
+    control = views_scenario["control"]
+    assert (control["kind"] == "switched").sum() == 2
+    assert not (control["kind"] == "in").any()
+    assert views_scenario["start"].splits is True
+
+
+def test_a_merge_that_does_not_fit_is_refused_at_start(spark):
+    from rebalance import Merge
+    from rebalance.streaming.keyed_state import ContractError
+    from rebalance.streaming.rebalanced import rebalanced
+
+    df = spark.createDataFrame([], views.CLICKS_SCHEMA)
+    ok = dict(key="user_id", processor=views.PageViews(), output_schema=views.VIEWS_SCHEMA,
+              time_mode="EventTime", event_time="click_time", job="views", instances=2)
+    cases = [
+        (Merge(on="user_id", sum="clicks"), r"does not say how output column\(s\) "
+                                            r"\['window_start', 'first_click', 'last_click'\]"),
+        (Merge(on=["user_id", "window_start"], sum=["clicks", "first_click"], min="first_click",
+               max="last_click"), "names output column 'first_click' twice"),
+        (Merge(on=["user_id", "window_start"], sum="clicks", min="first_click",
+               max="last_click", split_by="session"), r"split_by \['session'\]"),
+        ({"on": "user_id"}, "merge must be a rebalance Merge"),
+    ]
+    for merge, message in cases:
+        with pytest.raises(ContractError, match=message):
+            rebalanced(df, merge=merge, **ok)

@@ -94,6 +94,9 @@ class HostSettings:
     n_instances: int
     labels: tuple[int, ...]
     window_ms: int
+    #: False for a processor whose partial results merge: a move hands no state over
+    #: (each instance keeps its part of a key; :mod:`rebalance.streaming.merge`)
+    moves_state: bool = True
 
 
 def _native(value: Any) -> Any:
@@ -136,7 +139,7 @@ class InstanceHost(StatefulProcessor):
         exports = frame[frame["rb_control"] == EXPORT] if control.any() else None
         if control.any():
             for payload in frame.loc[frame["rb_control"] == IN, "rb_payload"]:
-                yield from self._take_over(pickle.loads(payload), timerValues)
+                yield from self._take_over(pickle.loads(payload), instance, timerValues)
             frame = frame[~control]
         now = self._now(timerValues)
         sizes: dict[str, int] = {}
@@ -148,7 +151,7 @@ class InstanceHost(StatefulProcessor):
             self.scope.enter(value, batch_ms)
             for out in self.processor.handleInputRows(
                     (value,), iter([user_rows.iloc[index].reset_index(drop=True)]), timerValues):
-                yield self._user_rows(out)
+                yield self._user_rows(out, value, instance)
             sizes[names[index[0]]] = self.scope.state_bytes()
         self._count(frame, sizes, now, time.perf_counter_ns() - started,
                     time.thread_time_ns() - cpu_started)
@@ -158,17 +161,18 @@ class InstanceHost(StatefulProcessor):
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         ts = expiredTimerInfo.getExpiryTimeInMs()
+        instance = self.instance_of[int(key[0])]
         for value in self.scope.keys_due(ts):
             self.scope.enter(value, timerValues.getCurrentProcessingTimeInMs())
             if self.scope.take_timer(ts):
                 for out in self.processor.handleExpiredTimer((value,), timerValues,
                                                              ExpiredTimerInfo(ts)):
-                    yield self._user_rows(out)
+                    yield self._user_rows(out, value, instance)
         # a histogram window's own timer is its end: it closes that window alone
         window = ts - self.settings.window_ms
         held = self.windows.getValue((window,))
         if held is not None:
-            yield from self._close_window(self.instance_of[int(key[0])], window, held)
+            yield from self._close_window(instance, window, held)
 
     def _window_timer(self, ts: int) -> bool:
         """Whether the instance timer at ``ts`` is also a histogram window's end."""
@@ -182,11 +186,15 @@ class InstanceHost(StatefulProcessor):
             return timerValues.getCurrentWatermarkInMs()
         return timerValues.getCurrentProcessingTimeInMs()
 
-    def _user_rows(self, out: pd.DataFrame) -> pd.DataFrame:
+    def _user_rows(self, out: pd.DataFrame, value: Any, instance: int) -> pd.DataFrame:
+        """The user's rows, with the key (its string form) and the instance that emitted
+        them (what a merge of a split key's partial results groups by)."""
         frame = out.reindex(columns=list(self.settings.output_columns))
         for name in HOST_OUTPUT_NAMES:
             frame[name] = None
         frame["rb_kind"] = OUT
+        frame["rb_key"] = str(value)
+        frame["rb_instance"] = instance
         return frame
 
     @staticmethod
@@ -274,7 +282,7 @@ class InstanceHost(StatefulProcessor):
         routing = dict(zip(marker["rb_routing_keys"], (int(i) for i in
                                                         marker["rb_routing_instances"])))
         version = int(marker["rb_version"])
-        keys = self.scope.held_keys()
+        keys = self.scope.held_keys() if s.moves_state else []
         names = [str(k) for k in keys]
         defaults = default_instances(names, s.n_instances) if names else []
         partition = _partition_id()
@@ -295,7 +303,7 @@ class InstanceHost(StatefulProcessor):
                      "rb_version": version, "rb_keys": len(rows)})
         yield self._host_rows(rows, s.output_columns)
 
-    def _take_over(self, payload: dict[str, Any],
+    def _take_over(self, payload: dict[str, Any], instance: int,
                    timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         """Take a moved key's state; fire the timers its old instance would have fired at
         the end of the export batch, with that batch's timer values."""
@@ -309,4 +317,4 @@ class InstanceHost(StatefulProcessor):
             self.scope.enter(value, payload["processing_ms"])
             if self.scope.take_timer(ts):
                 for out in self.processor.handleExpiredTimer((value,), then, ExpiredTimerInfo(ts)):
-                    yield self._user_rows(out)
+                    yield self._user_rows(out, value, instance)

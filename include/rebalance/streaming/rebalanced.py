@@ -56,6 +56,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from rebalance.core.placement import SPLIT_POINTS, share_bounds
 from rebalance.spark import delta_rs, tables
 from rebalance.spark.jobs import LIVE, record_start
 from rebalance.streaming.host import (
@@ -72,12 +73,14 @@ from rebalance.streaming.host import (
     InstanceHost,
 )
 from rebalance.streaming.keyed_state import ContractError, as_struct
+from rebalance.streaming.merge import Merge, merged
 from rebalance.streaming.restart_checkpoint import log_ids
 from rebalance.streaming.routing import (
     default_instance_col,
     instance_labels,
     key_group_col,
     label_col,
+    split_point,
 )
 
 TIME_MODES = {"none": "None", "processingtime": "ProcessingTime", "eventtime": "EventTime"}
@@ -115,6 +118,7 @@ class RebalancedStream:
     instances: int
     tables_root: str | None
     window_ms: int
+    merge: Merge | None = None
 
     def start(self, output: str | Callable[[DataFrame, int], None], checkpoint: str,
               trigger_seconds: float | None = 1.0) -> RebalancedQuery:
@@ -133,14 +137,17 @@ def rebalanced(df: DataFrame, *, key: str, processor: StatefulProcessor,
                output_schema: StructType | str, time_mode: str = "None",
                output_mode: str = "Append", event_time: str | None = None,
                cost: str | None = None, job: str, instances: int,
-               tables_root: str | None = None, window_seconds: float = 20.0) -> RebalancedStream:
+               tables_root: str | None = None, window_seconds: float = 20.0,
+               merge: Merge | None = None) -> RebalancedStream:
     """``df.groupBy(key).transformWithStateInPandas(processor, output_schema, output_mode,
     time_mode)``, rebalanced over ``instances`` instances.
 
     ``event_time`` (required with time_mode EventTime: the column ``df``'s watermark is on)
     places each event in a histogram window of ``window_seconds``; otherwise windows are by
     batch time. ``cost`` names a numeric column that is an event's cost (default 1).
-    Refuses, in one line naming it, any part of Spark's contract it cannot honour."""
+    ``merge`` (a :class:`~rebalance.streaming.merge.Merge`) declares how the processor's
+    partial results merge: only then may an assignment split a key. Refuses, in one line
+    naming it, any part of Spark's contract it cannot honour."""
     _check(isinstance(processor, StatefulProcessor),
            f"processor must be a pyspark StatefulProcessor instance, got {type(processor).__name__}")
     _check(isinstance(key, str), f"key must be the name of one column, got {key!r}")
@@ -176,24 +183,50 @@ def rebalanced(df: DataFrame, *, key: str, processor: StatefulProcessor,
     _check(type(processor).handleInitialState is StatefulProcessor.handleInitialState,
            f"{type(processor).__name__} defines handleInitialState; rebalanced() does not take "
            "an initial state")
+    if merge is not None:
+        _check(isinstance(merge, Merge), f"merge must be a rebalance Merge, got {merge!r}")
+        merge.check(schema, df.columns)
     return RebalancedStream(df, key, processor, schema, OUTPUT_MODES[output_mode.lower()], mode,
                             event_time, cost, job, instances, tables_root,
-                            int(round(window_seconds * 1000)))
+                            int(round(window_seconds * 1000)), merge)
 
 # --------------------------------------------------------------------------- the stream
 
 def route_keys(df: DataFrame, key: str, assignment: tables.Assignment,
-               n_instances: int) -> DataFrame:
+               n_instances: int, split_by: tuple[str, ...] = ()) -> DataFrame:
     """Add ``rb_key`` (the key as a string), ``rb_group``, ``rb_default``, ``rb_label``
     and ``rb_version``: the instance of each event's key under ``assignment`` (its routing
     table, else the default placement). The routing table is a local relation built on the
-    driver from the one snapshot the query runs with: no table scan per micro-batch."""
+    driver from the one snapshot the query runs with: no table scan per micro-batch.
+
+    An event of a split key goes to the share whose point range holds the hash of its
+    ``split_by`` columns (default: all of them), as the built-in job places a split key's
+    events by their id (:func:`rebalance.core.placement.split_instances`)."""
     keyed = df.withColumn("rb_key", F.col(key).cast("string"))
     routed = (keyed.withColumn("rb_group", key_group_col(F.col("rb_key")))
               .withColumn("rb_default", default_instance_col(F.col("rb_group"), n_instances))
               .withColumn("rb_version", F.lit(int(assignment.version)).cast("bigint")))
     instance = F.col("rb_default")
-    if assignment.routing:
+    if assignment.routing and assignment.splits:
+        rows = []
+        for k, i in assignment.routing.items():
+            parts = assignment.splits.get(k)
+            if parts:
+                shares = sorted(parts.items())
+                rows.append((k, [int(p) for p, _ in shares],
+                             [int(b) for b in share_bounds([s for _, s in shares])]))
+            else:
+                rows.append((k, [int(i)], [SPLIT_POINTS]))
+        table = df.sparkSession.createDataFrame(
+            rows, "rb_key STRING, rb_instances ARRAY<INT>, rb_bounds ARRAY<INT>")
+        routed = routed.join(F.broadcast(table), "rb_key", "left")
+        point = split_point(F.struct(*[F.col(c) for c in (split_by or df.columns)]))
+        index = F.least(F.size(F.filter("rb_bounds", lambda b: b <= point)),
+                        F.size("rb_instances") - 1)
+        routed = (routed.withColumn("rb_routed", F.element_at("rb_instances", index + 1))
+                  .drop("rb_instances", "rb_bounds"))
+        instance = F.coalesce(F.col("rb_routed"), instance)
+    elif assignment.routing:
         table = df.sparkSession.createDataFrame(
             [(k, int(i)) for k, i in assignment.routing.items()], "rb_key STRING, rb_routed INT")
         routed = routed.join(F.broadcast(table), "rb_key", "left")
@@ -204,10 +237,10 @@ def route_keys(df: DataFrame, key: str, assignment: tables.Assignment,
     return routed.withColumn("rb_label", label_col(checked, n_instances)).drop("rb_routed")
 
 
-def _refuse_splits(assignment: tables.Assignment, processor: StatefulProcessor) -> None:
-    if assignment.splits:
+def _refuse_splits(assignment: tables.Assignment, stream: RebalancedStream) -> None:
+    if assignment.splits and stream.merge is None:
         raise ContractError(f"assignment version {assignment.version} splits "
-                            f"{len(assignment.splits)} key(s); {type(processor).__name__} "
+                            f"{len(assignment.splits)} key(s); {type(stream.processor).__name__} "
                             "does not declare how partial results merge")
 
 def _window_col(stream: RebalancedStream) -> Column:
@@ -222,7 +255,8 @@ def operator_output(stream: RebalancedStream, assignment: tables.Assignment,
     df = stream.df
     user_columns = df.columns
     cost = F.col(stream.cost).cast("double") if stream.cost else F.lit(1.0)
-    routed = route_keys(df, stream.key, assignment, stream.instances)
+    routed = route_keys(df, stream.key, assignment, stream.instances,
+                        stream.merge.split_by if stream.merge else ())
     events = routed.select(
         *user_columns, "rb_label", "rb_key", _window_col(stream).alias("rb_window"),
         cost.alias("rb_cost"), "rb_version", "rb_default", "rb_group",
@@ -240,7 +274,8 @@ def operator_output(stream: RebalancedStream, assignment: tables.Assignment,
     labels = instance_labels(stream.instances)
     settings = HostSettings(stream.key, df.schema[stream.key].dataType, tuple(user_columns),
                             tuple(stream.output_schema.fieldNames()), stream.time_mode,
-                            stream.instances, labels, stream.window_ms)
+                            stream.instances, labels, stream.window_ms,
+                            moves_state=stream.merge is None)
     host_mode = "ProcessingTime" if stream.time_mode == "None" else stream.time_mode
     out_schema = StructType(list(stream.output_schema.fields) + list(HOST_OUTPUT.fields))
     return (events.unionByName(controls).groupBy("rb_label").transformWithStateInPandas(
@@ -306,8 +341,10 @@ class RebalancedSink:
                 F.max("rb_version").alias("version")).collect()}
             meta = {"job": self.stream.job, "batch_id": batch_id, "assignment_version": self.version}
             if OUT in kinds:
-                rows = batch.where(F.col("rb_kind") == OUT).select(
-                    *self.stream.output_schema.fieldNames())
+                rows = batch.where(F.col("rb_kind") == OUT)
+                rows = (merged(rows, self.stream.merge, self.stream.output_schema)
+                        if self.stream.merge is not None
+                        else rows.select(*self.stream.output_schema.fieldNames()))
                 if callable(self.output):
                     self.output(rows, batch_id)
                 else:
@@ -397,7 +434,7 @@ class RebalancedQuery:
     def _run(self, version: int) -> None:
         spark, stream = self.spark, self.stream
         assignment = tables.read_assignment(spark, version, stream.tables_root)
-        _refuse_splits(assignment, stream.processor)
+        _refuse_splits(assignment, stream)
         control = (spark.readStream.format("delta").option("skipChangeCommits", "true")
                    .load(control_path(self.checkpoint)))
         out = operator_output(stream, assignment, control)
@@ -415,7 +452,7 @@ class RebalancedQuery:
         sink.query_id = self.query.id
         self.sink, self.version = sink, version
         record_start(spark, _JobRecord(stream.job, stream.tables_root), LIVE, app="rebalanced",
-                     splits=False)
+                     splits=stream.merge is not None)
 
     def switch(self, version: int | None = None, timeout_seconds: float = 300.0) -> int:
         """Move to assignment ``version`` (default: the latest) with every moved key's
@@ -424,7 +461,7 @@ class RebalancedQuery:
         target = tables.read_assignment(spark, version, stream.tables_root)
         if target.version == self.version:
             return self.version
-        _refuse_splits(target, stream.processor)
+        _refuse_splits(target, stream)
         keys = sorted(target.routing)
         markers = [(EXPORT, label, target.version, None, None, keys,
                     [int(target.routing[k]) for k in keys])
