@@ -473,3 +473,82 @@ def test_a_merge_that_does_not_fit_is_refused_at_start(spark):
     for merge, message in cases:
         with pytest.raises(ContractError, match=message):
             rebalanced(df, merge=merge, **ok)
+
+
+@pytest.fixture(scope="module")
+def resize_scenario(spark, tmp_path_factory):
+    """Sessions under plain Spark and under rebalanced() started at N = 3, scaled out to
+    4 instances after the first phase of clicks (the busiest user routed to the new
+    instance) and in to 2 after the second: each change of N moves the users whose
+    instance label changes with their open sessions and timers, and Spark repartitions
+    the rest of the state."""
+    from rebalance.spark import tables
+    from rebalance.streaming.rebalanced import rebalanced
+    from rebalance.streaming.restart_checkpoint import checkpoint_partitions
+
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    root, phases = tmp_path_factory.mktemp("resize"), _clicks(n_phases=3, batches=3, seed=7)
+    plain = _plain(spark, root, phases, make=sessions.Sessionize,
+                   in_schema=sessions.CLICKS_SCHEMA, out_schema=sessions.SESSION_SCHEMA,
+                   key="user_id", time_mode="EventTime", watermark="click_time")
+    busiest = str(pd.concat(phases[0])["user_id"].value_counts().index[0])
+    reb_in, reb_out, tables_root = str(root / "reb_in"), str(root / "reb_out"), str(root / "tables")
+    checkpoint = str(root / "reb_chk")
+    for frame in phases[0]:
+        _write(spark, reb_in, frame, sessions.CLICKS_SCHEMA)
+    stream = rebalanced(_stream(spark, reb_in, "click_time"), key="user_id",
+                        processor=sessions.Sessionize(), output_schema=sessions.SESSION_SCHEMA,
+                        time_mode="EventTime", event_time="click_time", job="resize",
+                        instances=N, tables_root=tables_root, window_seconds=600)
+    query = stream.start(output=reb_out, checkpoint=checkpoint, trigger_seconds=1)
+    query.process_all_available()
+    partitions, published = [checkpoint_partitions(checkpoint)], []
+    for phase, (n, routing) in zip(phases[1:], ((4, {busiest: 3}), (2, {}))):
+        tables.resize_assignments(spark, n, tables_root)
+        published.append(tables.publish_assignment(spark, routing, n, root=tables_root))
+        assert query.switch() == published[-1]
+        assert query.instances == n
+        partitions.append(checkpoint_partitions(checkpoint))
+        for frame in phase:
+            _write(spark, reb_in, frame, sessions.CLICKS_SCHEMA)
+        query.resume()
+        query.process_all_available()
+    query.stop()
+    return dict(plain=plain, rebalanced=_rows(spark, reb_out, sessions.SESSION_SCHEMA),
+                busiest=busiest, published=published, partitions=partitions,
+                hist=tables.read(spark, tables.KEY_HISTOGRAMS, tables_root).toPandas(),
+                control=spark.read.format("delta").load(
+                    str(root / "reb_chk" / "_rebalance" / "control")).toPandas())
+
+
+def test_sessions_equal_plain_spark_across_a_scale_out_and_a_scale_in(resize_scenario):
+    assert len(resize_scenario["plain"]) > 30, "the plain run closed few sessions"
+    assert resize_scenario["rebalanced"] == resize_scenario["plain"]
+
+
+def test_each_change_of_n_repartitions_the_state_and_routes_by_the_new_n(resize_scenario):
+    from rebalance.core.placement import default_instances
+    from rebalance.streaming.rebalanced import payload_of
+    from rebalance.streaming.routing import instance_labels
+
+    assert resize_scenario["partitions"] == [N, 4, 2]
+    hist, (out, back_in) = resize_scenario["hist"], resize_scenario["published"]
+    assert set(hist.loc[hist["assignment_version"] == back_in, "instance"]) <= {0, 1}
+    assert 3 in set(hist.loc[hist["assignment_version"] == out, "instance"])
+    busiest = hist[(hist["key"] == resize_scenario["busiest"])
+                   & (hist["assignment_version"] == out)]
+    assert set(busiest["instance"]) == {3}
+    # a user moves (is exported) exactly when its instance's label changes with N
+    moved = resize_scenario["control"][resize_scenario["control"]["kind"] == "in"]
+    label = {3: instance_labels(3), 4: instance_labels(4), 2: instance_labels(2)}
+    routing = {out: {resize_scenario["busiest"]: 3}, back_in: {}}
+    before = {out: (3, {}), back_in: (4, routing[out])}
+    n_of = {out: 4, back_in: 2}
+    for version in (out, back_in):
+        keys = [payload_of(r)["key"] for r in moved.itertuples() if r.version == version]
+        assert keys and len(keys) == len(set(keys)), (version, keys)
+        n_old, old_routing = before[version]
+        for key in keys:
+            old = old_routing.get(key, int(default_instances([key], n_old)[0]))
+            new = routing[version].get(key, int(default_instances([key], n_of[version])[0]))
+            assert label[n_old][old] != label[n_of[version]][new], (version, key)

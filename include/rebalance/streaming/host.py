@@ -47,6 +47,7 @@ from pyspark.sql.types import (
 
 from rebalance.core.placement import default_instances
 from rebalance.streaming.keyed_state import KeyScope
+from rebalance.streaming.routing import instance_labels
 
 #: Output row kinds (column ``rb_kind``).
 OUT, KEY_ROW, INSTANCE_ROW, HANDOFF, EXPORTED = "out", "key", "instance", "handoff", "exported"
@@ -277,19 +278,30 @@ class InstanceHost(StatefulProcessor):
 
     def _give_away(self, marker: Any, instance: int,
                    timerValues: TimerValues) -> Iterator[pd.DataFrame]:
-        """Export every key the marker's routing places on another instance."""
+        """Export every key the marker's routing places on another instance (none when
+        the processor's partial results merge: each instance keeps its part).
+
+        The marker's payload names the N of its version. For another N, a key stays when
+        its new instance has this instance's label (Spark then repartitions the state by
+        label), every instance closes its open histogram windows now, and an instance
+        whose label has no instance under the new N gives every key away and drops its
+        timers."""
         s = self.settings
         routing = dict(zip(marker["rb_routing_keys"], (int(i) for i in
                                                         marker["rb_routing_instances"])))
         version = int(marker["rb_version"])
+        params = pickle.loads(marker["rb_payload"]) if marker["rb_payload"] is not None else {}
+        n_target = int(params.get("n_instances", s.n_instances))
+        labels = s.labels if n_target == s.n_instances else instance_labels(n_target)
+        own = s.labels[instance]
         keys = self.scope.held_keys() if s.moves_state else []
         names = [str(k) for k in keys]
-        defaults = default_instances(names, s.n_instances) if names else []
+        defaults = default_instances(names, n_target) if names else []
         partition = _partition_id()
         rows: list[dict[str, Any]] = []
         for value, name, default in zip(keys, names, defaults):
             target = routing.get(name, int(default))
-            if target == instance:
+            if labels[target] == own:
                 continue
             self.scope.enter(value, timerValues.getCurrentProcessingTimeInMs())
             state = self.scope.export_key()
@@ -297,11 +309,18 @@ class InstanceHost(StatefulProcessor):
                        "processing_ms": timerValues.getCurrentProcessingTimeInMs(),
                        "watermark_ms": timerValues.getCurrentWatermarkInMs()}
             rows.append({"rb_kind": HANDOFF, "rb_key": name, "rb_instance": target,
-                         "rb_label": s.labels[target], "rb_partition": partition,
+                         "rb_label": labels[target], "rb_partition": partition,
                          "rb_version": version, "rb_payload": pickle.dumps(payload)})
         rows.append({"rb_kind": EXPORTED, "rb_instance": instance, "rb_partition": partition,
                      "rb_version": version, "rb_keys": len(rows)})
         yield self._host_rows(rows, s.output_columns)
+        if n_target != s.n_instances:
+            # no histogram window spans a change of N: each instance's count ends here
+            for (window,), held in list(self.windows.iterator()):
+                yield from self._close_window(instance, int(window), held)
+        if own not in labels:
+            for ts in list(self.handle.listTimers()):
+                self.handle.deleteTimer(ts)
 
     def _take_over(self, payload: dict[str, Any], instance: int,
                    timerValues: TimerValues) -> Iterator[pd.DataFrame]:

@@ -74,7 +74,11 @@ from rebalance.streaming.host import (
 )
 from rebalance.streaming.keyed_state import ContractError, as_struct
 from rebalance.streaming.merge import Merge, merged
-from rebalance.streaming.restart_checkpoint import log_ids
+from rebalance.streaming.restart_checkpoint import (
+    checkpoint_partitions,
+    drop_uncommitted,
+    log_ids,
+)
 from rebalance.streaming.routing import (
     default_instance_col,
     instance_labels,
@@ -255,7 +259,8 @@ def operator_output(stream: RebalancedStream, assignment: tables.Assignment,
     df = stream.df
     user_columns = df.columns
     cost = F.col(stream.cost).cast("double") if stream.cost else F.lit(1.0)
-    routed = route_keys(df, stream.key, assignment, stream.instances,
+    n = assignment.n_instances
+    routed = route_keys(df, stream.key, assignment, n,
                         stream.merge.split_by if stream.merge else ())
     events = routed.select(
         *user_columns, "rb_label", "rb_key", _window_col(stream).alias("rb_window"),
@@ -271,10 +276,10 @@ def operator_output(stream: RebalancedStream, assignment: tables.Assignment,
         F.lit(None).cast("int").alias("rb_group"), F.col("kind").alias("rb_control"),
         F.col("payload").alias("rb_payload"), F.col("routing_keys").alias("rb_routing_keys"),
         F.col("routing_instances").alias("rb_routing_instances"))
-    labels = instance_labels(stream.instances)
+    labels = instance_labels(n)
     settings = HostSettings(stream.key, df.schema[stream.key].dataType, tuple(user_columns),
                             tuple(stream.output_schema.fieldNames()), stream.time_mode,
-                            stream.instances, labels, stream.window_ms,
+                            n, labels, stream.window_ms,
                             moves_state=stream.merge is None)
     host_mode = "ProcessingTime" if stream.time_mode == "None" else stream.time_mode
     out_schema = StructType(list(stream.output_schema.fields) + list(HOST_OUTPUT.fields))
@@ -408,6 +413,8 @@ class RebalancedQuery:
         self.query: StreamingQuery | None = None
         self.sink: RebalancedSink | None = None
         self.version = 0
+        #: N of the version the query runs with (``instances`` until a move changes it)
+        self.instances = stream.instances
 
     @property
     def name(self) -> str:
@@ -416,7 +423,8 @@ class RebalancedQuery:
     def start(self) -> None:
         """Start (or resume) the query with the version its checkpoint records."""
         spark, stream = self.spark, self.stream
-        tables.create_assignments(spark, stream.instances, stream.tables_root)
+        if not tables.exists(spark, tables.ASSIGNMENTS, stream.tables_root):
+            tables.create_assignments(spark, stream.instances, stream.tables_root)
         for table in (tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS):
             tables.ensure_table(spark, table, stream.tables_root)
         ensure_control(spark, self.checkpoint)
@@ -435,12 +443,13 @@ class RebalancedQuery:
         spark, stream = self.spark, self.stream
         assignment = tables.read_assignment(spark, version, stream.tables_root)
         _refuse_splits(assignment, stream)
+        self._repartition(assignment.n_instances)
         control = (spark.readStream.format("delta").option("skipChangeCommits", "true")
                    .load(control_path(self.checkpoint)))
         out = operator_output(stream, assignment, control)
         sink = RebalancedSink(spark, stream, self.output, self.checkpoint, version)
         previous = spark.conf.get("spark.sql.shuffle.partitions")
-        spark.conf.set("spark.sql.shuffle.partitions", str(stream.instances))
+        spark.conf.set("spark.sql.shuffle.partitions", str(assignment.n_instances))
         try:
             writer = (out.writeStream.queryName(self.name).foreachBatch(sink)
                       .option("checkpointLocation", self.checkpoint))
@@ -450,22 +459,43 @@ class RebalancedQuery:
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", previous)
         sink.query_id = self.query.id
-        self.sink, self.version = sink, version
+        self.sink, self.version, self.instances = sink, version, assignment.n_instances
         record_start(spark, _JobRecord(stream.job, stream.tables_root), LIVE, app="rebalanced",
                      splits=stream.merge is not None)
 
+    def _repartition(self, n_instances: int) -> None:
+        """Bring the stopped query's state to ``n_instances`` partitions when its
+        checkpoint has another count (a move to a version for another N whose export batch
+        committed): the batch Spark planned after the export (refused by the sink before it
+        wrote anything) is forgotten, then Spark rewrites the state offline, each instance
+        label's state to the partition the label has under the new count."""
+        held = checkpoint_partitions(self.checkpoint)
+        if held is None or held == n_instances:
+            return
+        drop_uncommitted(self.checkpoint, set())
+        _ = self.spark.streams     # the state store coordinator must exist in this session
+        self.spark._streamingCheckpointManager.repartition(self.checkpoint, n_instances)
+
     def switch(self, version: int | None = None, timeout_seconds: float = 300.0) -> int:
         """Move to assignment ``version`` (default: the latest) with every moved key's
-        state; returns the version the query runs with afterwards."""
+        state; returns the version the query runs with afterwards. A version for another
+        N (scale out or in) moves every key whose instance label changes, then the query
+        resumes with its state repartitioned to the new N."""
         spark, stream = self.spark, self.stream
         target = tables.read_assignment(spark, version, stream.tables_root)
         if target.version == self.version:
             return self.version
         _refuse_splits(target, stream)
+        if target.n_instances != self.instances and stream.merge is not None:
+            raise ContractError(f"assignment version {target.version} is for "
+                                f"{target.n_instances} instances, the query runs "
+                                f"{self.instances}; a change of N is not supported for a "
+                                "processor with a merge (its split parts do not move)")
         keys = sorted(target.routing)
-        markers = [(EXPORT, label, target.version, None, None, keys,
+        params = pickle.dumps({"n_instances": int(target.n_instances)})
+        markers = [(EXPORT, label, target.version, None, params, keys,
                     [int(target.routing[k]) for k in keys])
-                   for label in instance_labels(stream.instances)]
+                   for label in instance_labels(self.instances)]
         (spark.createDataFrame(markers, CONTROL_DDL).coalesce(1).write.format("delta")
          .mode("append").option("txnAppId", f"{self.query.id}:export")
          .option("txnVersion", target.version).save(control_path(self.checkpoint)))

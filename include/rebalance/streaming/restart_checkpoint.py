@@ -86,6 +86,17 @@ def drop_uncommitted(checkpoint: str, written: set[int]) -> list[int]:
     return planned
 
 
+def checkpoint_partitions(checkpoint: str) -> int | None:
+    """The shuffle partitions (stateful operators' state partitions) a checkpoint's newest
+    batch recorded in its offset log; None before its first batch."""
+    offsets = log_ids(Path(checkpoint) / "offsets")
+    if not offsets:
+        return None
+    lines = (Path(checkpoint) / "offsets" / str(offsets[-1])).read_text().splitlines()
+    value = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
+    return int(value) if value is not None else None
+
+
 def version_files(spark: SparkSession, table_path: str, version: int) -> list[str]:
     """File names of the data files a Delta commit added, in the order of its log."""
     log_file = f"{table_path}/_delta_log/{version:020d}.json"
