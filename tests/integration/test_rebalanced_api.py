@@ -479,9 +479,9 @@ def test_a_merge_that_does_not_fit_is_refused_at_start(spark):
 def resize_scenario(spark, tmp_path_factory):
     """Sessions under plain Spark and under rebalanced() started at N = 3, scaled out to
     4 instances after the first phase of clicks (the busiest user routed to the new
-    instance) and in to 2 after the second: each change of N moves the users whose
-    instance label changes with their open sessions and timers, and Spark repartitions
-    the rest of the state."""
+    instance) and in to 2 after the second, whose driver dies between the export batch and
+    the repartition: each change of N moves the users whose instance label changes with
+    their open sessions and timers, and Spark repartitions the rest of the state."""
     from rebalance.spark import tables
     from rebalance.streaming.rebalanced import rebalanced
     from rebalance.streaming.restart_checkpoint import checkpoint_partitions
@@ -506,8 +506,19 @@ def resize_scenario(spark, tmp_path_factory):
     for phase, (n, routing) in zip(phases[1:], ((4, {busiest: 3}), (2, {}))):
         tables.resize_assignments(spark, n, tables_root)
         published.append(tables.publish_assignment(spark, routing, n, root=tables_root))
-        assert query.switch() == published[-1]
-        assert query.instances == n
+        if n == 2:
+            # the driver dies after the export batch committed, before the repartition:
+            # a new query on the checkpoint finishes the change of N when it starts
+            def crash(n_instances):
+                raise RuntimeError("driver died before the repartition")
+            query._repartition = crash
+            with pytest.raises(RuntimeError, match="before the repartition"):
+                query.switch()
+            assert checkpoint_partitions(checkpoint) == 4
+            query = stream.start(output=reb_out, checkpoint=checkpoint, trigger_seconds=1)
+        else:
+            assert query.switch() == published[-1]
+        assert (query.version, query.instances) == (published[-1], n)
         partitions.append(checkpoint_partitions(checkpoint))
         for frame in phase:
             _write(spark, reb_in, frame, sessions.CLICKS_SCHEMA)

@@ -62,7 +62,7 @@ def test_the_scheduler_rebalances_the_sessions_example_and_its_state_moves(stack
 
     # the job that took it is the user's processor under rebalanced(), live switch only
     start = latest_start(None, "sessions", root=stack.tables)
-    assert (start.app, start.capability, start.splits) == ("rebalanced", "live", False)
+    assert (start.app, start.capability, start.splits) == ("rebalanced", "handoff", False)
     # every user the plan routes off its default instance had its session handed over,
     # once, from the version before (the default placement) to this one
     routed = tables.read_assignment(None, plan.assignment_version, stack.tables).routing

@@ -113,6 +113,9 @@ def test_apply_mode_auto_restarts_only_when_the_plan_moves_enough_state():
     ("dry-run", 0.9, "live", "dry-run"),
     # A live-only job and auto above restart_above: a live switch, with the reason.
     ("auto", 0.2, "live", "broadcast"),
+    # A job whose live switch hands the state over: a live switch for a restart too.
+    ("auto", 0.2, "handoff", "broadcast"), ("restart", 0.0, "handoff", "broadcast"),
+    ("broadcast", 0.9, "handoff", "broadcast"), ("auto", 0.01, "handoff", "broadcast"),
 ])
 def test_the_apply_mode_follows_what_the_job_can_do(requested, moved, capability, used):
     from rebalance.control.rollout import mode_for_job
@@ -126,6 +129,12 @@ def test_the_apply_mode_follows_what_the_job_can_do(requested, moved, capability
             "restart_above 0.05), but the job 'keyed' cannot restart (started by keyed_job.py, "
             "pid 7 on h at 2026-11-27 02:41 UTC): live switch instead; the moved keys restart "
             "their window state on their new instance")
+    elif capability == "handoff" and (requested == "restart"
+                                      or (requested == "auto" and moved > 0.05)):
+        assert note == (
+            f"apply_mode {requested} chose a controlled restart, but the job 'keyed' hands the "
+            "moved keys' state over at every live switch (started by keyed_job.py, pid 7 on h "
+            "at 2026-11-27 02:41 UTC): published for its live switch, which moves the state")
     else:
         assert note is None
 

@@ -77,10 +77,17 @@ def mode_for_job(apply_mode: str, migration_fraction: float | None = None,
     A job that can only follow live switches (capability ``live``: ``keyed_job.py``) would
     never execute a controlled restart, and ``await_restart`` would wait for it until the
     restart timeout. So ``auto`` switches such a job live (and says so), and an explicit
-    ``restart`` is refused at once (:class:`ApplyRefused`). An unknown capability (no
-    record: an older store, the DAG tests' stand-ins) changes nothing.
+    ``restart`` is refused at once (:class:`ApplyRefused`). A job that hands each moved
+    key's state over at its live switch (capability ``handoff``: ``rebalanced()``) gets a
+    live switch for ``restart`` too, with a note. An unknown capability (no record: an
+    older store, the DAG tests' stand-ins) changes nothing.
     """
     mode = resolve_mode(apply_mode, migration_fraction, restart_above)
+    if mode == "restart" and capability == "handoff":
+        return "broadcast", (f"apply_mode {apply_mode} chose a controlled restart, but the job "
+                             f"{job!r} hands the moved keys' state over at every live switch "
+                             f"(started by {started_by or 'an unknown app'}): published for "
+                             "its live switch, which moves the state")
     if mode != "restart" or capability != "live":
         return mode, None
     who = f"the job {job!r} cannot restart (started by {started_by or 'an unknown app'})"

@@ -37,7 +37,10 @@ log = logging.getLogger(__name__)
 LIVE = "live"
 #: The job executes controlled restarts too (``restartable_job.py``).
 RESTART = "restart"
-CAPABILITIES = (LIVE, RESTART)
+#: The job hands each moved key's state over at every live switch (``rebalanced()``), so a
+#: live switch does what a controlled restart would.
+HANDOFF = "handoff"
+CAPABILITIES = (LIVE, RESTART, HANDOFF)
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,8 @@ JOBS = Table(
     "host STRING, pid BIGINT, splits BOOLEAN",
     "Starts of the streaming job (rebalance.spark.jobs): one row per process start, with what "
     "it can do: capability 'restart' (controlled restarts: restartable_job.py) or 'live' "
-    "(live switch only: keyed_job.py), and splits (whether it merges the partial results of "
+    "(live switch only: keyed_job.py) or 'handoff' (a live switch that hands the moved keys' "
+    "state over: rebalanced()), and splits (whether it merges the partial results of "
     "a key split over instances; NULL: not recorded). apply reads the newest row of its job, "
     "validate its splits.")
 

@@ -56,9 +56,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from rebalance.core.placement import SPLIT_POINTS, share_bounds
 from rebalance.spark import delta_rs, tables
-from rebalance.spark.jobs import LIVE, record_start
+from rebalance.spark.jobs import HANDOFF as HANDS_STATE_OVER
+from rebalance.spark.jobs import record_start
 from rebalance.streaming.host import (
     EXPORT,
     EXPORTED,
@@ -79,13 +79,7 @@ from rebalance.streaming.restart_checkpoint import (
     drop_uncommitted,
     log_ids,
 )
-from rebalance.streaming.routing import (
-    default_instance_col,
-    instance_labels,
-    key_group_col,
-    label_col,
-    split_point,
-)
+from rebalance.streaming.routing import instance_labels, route_keys
 
 TIME_MODES = {"none": "None", "processingtime": "ProcessingTime", "eventtime": "EventTime"}
 OUTPUT_MODES = {"append": "Append", "update": "Update"}
@@ -195,51 +189,6 @@ def rebalanced(df: DataFrame, *, key: str, processor: StatefulProcessor,
                             int(round(window_seconds * 1000)), merge)
 
 # --------------------------------------------------------------------------- the stream
-
-def route_keys(df: DataFrame, key: str, assignment: tables.Assignment,
-               n_instances: int, split_by: tuple[str, ...] = ()) -> DataFrame:
-    """Add ``rb_key`` (the key as a string), ``rb_group``, ``rb_default``, ``rb_label``
-    and ``rb_version``: the instance of each event's key under ``assignment`` (its routing
-    table, else the default placement). The routing table is a local relation built on the
-    driver from the one snapshot the query runs with: no table scan per micro-batch.
-
-    An event of a split key goes to the share whose point range holds the hash of its
-    ``split_by`` columns (default: all of them), as the built-in job places a split key's
-    events by their id (:func:`rebalance.core.placement.split_instances`)."""
-    keyed = df.withColumn("rb_key", F.col(key).cast("string"))
-    routed = (keyed.withColumn("rb_group", key_group_col(F.col("rb_key")))
-              .withColumn("rb_default", default_instance_col(F.col("rb_group"), n_instances))
-              .withColumn("rb_version", F.lit(int(assignment.version)).cast("bigint")))
-    instance = F.col("rb_default")
-    if assignment.routing and assignment.splits:
-        rows = []
-        for k, i in assignment.routing.items():
-            parts = assignment.splits.get(k)
-            if parts:
-                shares = sorted(parts.items())
-                rows.append((k, [int(p) for p, _ in shares],
-                             [int(b) for b in share_bounds([s for _, s in shares])]))
-            else:
-                rows.append((k, [int(i)], [SPLIT_POINTS]))
-        table = df.sparkSession.createDataFrame(
-            rows, "rb_key STRING, rb_instances ARRAY<INT>, rb_bounds ARRAY<INT>")
-        routed = routed.join(F.broadcast(table), "rb_key", "left")
-        point = split_point(F.struct(*[F.col(c) for c in (split_by or df.columns)]))
-        index = F.least(F.size(F.filter("rb_bounds", lambda b: b <= point)),
-                        F.size("rb_instances") - 1)
-        routed = (routed.withColumn("rb_routed", F.element_at("rb_instances", index + 1))
-                  .drop("rb_instances", "rb_bounds"))
-        instance = F.coalesce(F.col("rb_routed"), instance)
-    elif assignment.routing:
-        table = df.sparkSession.createDataFrame(
-            [(k, int(i)) for k, i in assignment.routing.items()], "rb_key STRING, rb_routed INT")
-        routed = routed.join(F.broadcast(table), "rb_key", "left")
-        instance = F.coalesce(F.col("rb_routed"), instance)
-    checked = F.when(instance.between(0, n_instances - 1), instance).otherwise(F.raise_error(
-        F.concat(F.lit("assignment routes key "), F.col("rb_key"), F.lit(" outside the "),
-                 F.lit(str(n_instances)), F.lit(" instances"))))
-    return routed.withColumn("rb_label", label_col(checked, n_instances)).drop("rb_routed")
-
 
 def _refuse_splits(assignment: tables.Assignment, stream: RebalancedStream) -> None:
     if assignment.splits and stream.merge is None:
@@ -460,7 +409,7 @@ class RebalancedQuery:
             spark.conf.set("spark.sql.shuffle.partitions", previous)
         sink.query_id = self.query.id
         self.sink, self.version, self.instances = sink, version, assignment.n_instances
-        record_start(spark, _JobRecord(stream.job, stream.tables_root), LIVE, app="rebalanced",
+        record_start(spark, _JobRecord(stream.job, stream.tables_root), HANDS_STATE_OVER, app="rebalanced",
                      splits=stream.merge is not None)
 
     def _repartition(self, n_instances: int) -> None:

@@ -18,6 +18,7 @@ instance ``i`` then runs in partition ``i``.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -26,8 +27,12 @@ from rebalance.core.placement import (
     DEFAULT_KEY_GROUPS,
     SPLIT_POINTS,
     group_instances,
+    share_bounds,
     spark_hash_int,
 )
+
+if TYPE_CHECKING:
+    from rebalance.spark.tables import Assignment
 
 #: Labels are searched among the first ints; 64 * N is always enough in practice.
 _LABEL_SEARCH_FACTOR = 64
@@ -163,3 +168,48 @@ def follow_assignment_rows(latest: DataFrame, fallback: DataFrame, blocked: list
     chosen = latest.crossJoin(flag).where(F.col("_use_latest"))
     other = fallback.crossJoin(flag).where(~F.col("_use_latest"))
     return chosen.unionByName(other).drop("_use_latest")
+
+
+def route_keys(df: DataFrame, key: str, assignment: Assignment,
+               n_instances: int, split_by: tuple[str, ...] = ()) -> DataFrame:
+    """Add ``rb_key`` (the key as a string), ``rb_group``, ``rb_default``, ``rb_label``
+    and ``rb_version``: the instance of each event's key under ``assignment`` (its routing
+    table, else the default placement). The routing table is a local relation built on the
+    driver from the one snapshot the query runs with: no table scan per micro-batch.
+
+    An event of a split key goes to the share whose point range holds the hash of its
+    ``split_by`` columns (default: all of them), as the built-in job places a split key's
+    events by their id (:func:`rebalance.core.placement.split_instances`)."""
+    keyed = df.withColumn("rb_key", F.col(key).cast("string"))
+    routed = (keyed.withColumn("rb_group", key_group_col(F.col("rb_key")))
+              .withColumn("rb_default", default_instance_col(F.col("rb_group"), n_instances))
+              .withColumn("rb_version", F.lit(int(assignment.version)).cast("bigint")))
+    instance = F.col("rb_default")
+    if assignment.routing and assignment.splits:
+        rows = []
+        for k, i in assignment.routing.items():
+            parts = assignment.splits.get(k)
+            if parts:
+                shares = sorted(parts.items())
+                rows.append((k, [int(p) for p, _ in shares],
+                             [int(b) for b in share_bounds([s for _, s in shares])]))
+            else:
+                rows.append((k, [int(i)], [SPLIT_POINTS]))
+        table = df.sparkSession.createDataFrame(
+            rows, "rb_key STRING, rb_instances ARRAY<INT>, rb_bounds ARRAY<INT>")
+        routed = routed.join(F.broadcast(table), "rb_key", "left")
+        point = split_point(F.struct(*[F.col(c) for c in (split_by or df.columns)]))
+        index = F.least(F.size(F.filter("rb_bounds", lambda b: b <= point)),
+                        F.size("rb_instances") - 1)
+        routed = (routed.withColumn("rb_routed", F.element_at("rb_instances", index + 1))
+                  .drop("rb_instances", "rb_bounds"))
+        instance = F.coalesce(F.col("rb_routed"), instance)
+    elif assignment.routing:
+        table = df.sparkSession.createDataFrame(
+            [(k, int(i)) for k, i in assignment.routing.items()], "rb_key STRING, rb_routed INT")
+        routed = routed.join(F.broadcast(table), "rb_key", "left")
+        instance = F.coalesce(F.col("rb_routed"), instance)
+    checked = F.when(instance.between(0, n_instances - 1), instance).otherwise(F.raise_error(
+        F.concat(F.lit("assignment routes key "), F.col("rb_key"), F.lit(" outside the "),
+                 F.lit(str(n_instances)), F.lit(" instances"))))
+    return routed.withColumn("rb_label", label_col(checked, n_instances)).drop("rb_routed")
