@@ -27,11 +27,12 @@ PYTEST_WORKERS ?= 1
 PYTEST_DIST := $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 # make up SOURCE=kafka: the service also runs a Kafka broker; the generator and the job use it.
 SOURCE ?= delta
-# make up JOB=sessions: the job is the sessionization example under rebalanced()
-# (spark_apps/sessions_job.py), with its tables in a data directory of its own.
+# make up JOB=sessions (or views, devices): the job is that example of examples/ under
+# rebalanced() (spark_apps/example_job.py), with its tables in .data/<JOB>, a data
+# directory of its own.
 JOB ?= keyed
-SESSIONS_DATA := $(CURDIR)/.data/sessions
-JOB_DATA := $(if $(filter sessions,$(JOB)),REBALANCE_DATA_DIR="$${REBALANCE_DATA_DIR:-$(SESSIONS_DATA)}")
+EXAMPLE_JOBS := sessions views devices
+JOB_DATA := $(if $(filter $(EXAMPLE_JOBS),$(JOB)),REBALANCE_DATA_DIR="$${REBALANCE_DATA_DIR:-$(CURDIR)/.data/$(JOB)}")
 
 .PHONY: help setup check-prereqs java cds test test-unit demo bench up down status kafka-up kafka-down constraints clean
 
@@ -43,7 +44,8 @@ help:
 	@echo "make bench      run the planning benchmark"
 	@echo "make up         start the whole service in the background (Airflow UI, Spark Connect, job, generator)"
 	@echo "                (make up SOURCE=kafka: also a Kafka broker; the generator produces to it, the job reads it)"
-	@echo "                (make up JOB=sessions: the job is examples/sessions.py under rebalanced(), data in .data/sessions)"
+	@echo "                (make up JOB=sessions: the job is examples/sessions.py under rebalanced(), data in .data/sessions;"
+	@echo "                 JOB=views: examples/page_views.py, whose hot users can be split; JOB=devices: examples/device_readings.py)"
 	@echo "make down       stop everything make up started"
 	@echo "make status     say what of the service runs"
 	@echo "make kafka-up   start a local single-node Kafka broker (KRaft, 127.0.0.1:9092, data in .data/kafka)"
@@ -101,7 +103,8 @@ up: setup
 
 down:
 	@if [ -x $(PY) ]; then $(PY) -m rebalance.cli service down; \
-	  if [ -d "$(SESSIONS_DATA)/service" ]; then REBALANCE_DATA_DIR="$(SESSIONS_DATA)" $(PY) -m rebalance.cli service down; fi; \
+	  for job in $(EXAMPLE_JOBS); do if [ -d "$(CURDIR)/.data/$$job/service" ]; then \
+	    REBALANCE_DATA_DIR="$(CURDIR)/.data/$$job" $(PY) -m rebalance.cli service down; fi; done; \
 	  else echo "nothing to stop (no .venv)"; fi
 
 status:

@@ -151,8 +151,13 @@ def test_job_sessions_runs_the_example_under_its_own_name_and_is_refused_over_an
 
     sessions = dataclasses.replace(settings, job="sessions")
     job = next(c for c in components(sessions) if c.name == "job")
-    assert job.argv[1].endswith("spark_apps/sessions_job.py")
+    assert job.argv[1].endswith("spark_apps/example_job.py")
+    assert job.argv[job.argv.index("--example") + 1] == "sessions"
     assert job.argv[job.argv.index("--name") + 1] == "sessions"
+    views = next(c for c in components(dataclasses.replace(settings, job="views"))
+                 if c.name == "job")
+    assert views.argv[views.argv.index("--example") + 1] == "views"
+    assert views.argv[views.argv.index("--name") + 1] == "views"
     assert job.ready_line == "running"
     assert airflow_env(sessions)["REBALANCE_JOB_NAME"] == "sessions"
     assert airflow_env(settings)["REBALANCE_JOB_NAME"] == "keyed"

@@ -21,8 +21,9 @@ def add_subcommands(subparsers) -> None:
                    help="up: read events from the Delta table (default) or from a Kafka "
                         "broker the service runs; down / status: the one up recorded")
     p.add_argument("--job", choices=JOBS,
-                   help="up: the built-in keyed job (default) or the sessionization example "
-                        "under rebalanced(); down / status: the one up recorded")
+                   help="up: the built-in keyed job (default) or an example of examples/ "
+                        "under rebalanced() (sessions, views: page views whose hot users can "
+                        "be split, devices); down / status: the one up recorded")
     p.set_defaults(func=_run)
 
 

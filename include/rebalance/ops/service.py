@@ -51,9 +51,10 @@ STOP_GRACE_SECONDS = 20.0
 READY_TIMEOUT_SECONDS = 480.0
 DEFAULT_SCHEDULE = "*/2 * * * *"
 SOURCES = ("delta", "kafka")
-#: The job the service runs: the built-in keyed job, or the sessionization example
-#: (``examples/sessions.py``) under ``rebalanced()`` (``spark_apps/sessions_job.py``).
-JOBS = ("keyed", "sessions")
+#: The job the service runs: the built-in keyed job, or an example of ``examples/`` under
+#: ``rebalanced()`` (``spark_apps/example_job.py``): sessions, page views (split keys),
+#: devices.
+JOBS = ("keyed", "sessions", "views", "devices")
 #: The DAGs ``up`` makes sure are not paused: the scheduled ones run unattended, and a
 #: paused DAG does not run the runs a person triggers (rollback, healthcheck) either.
 SERVICE_DAGS = ("rebalance", "rebalance_maintenance", "rebalance_healthcheck",
@@ -225,8 +226,8 @@ def airflow_env(s: Settings) -> dict[str, str]:
 def job_name(s: Settings) -> str:
     """The job's name (checkpoints, restart requests): one per source (a checkpoint keeps its
     source)."""
-    if s.job_app == "sessions":
-        return "sessions"
+    if s.job_app != "keyed":
+        return s.job_app
     return "keyed-kafka" if s.events_source == "kafka" else "keyed"
 
 
@@ -267,14 +268,15 @@ def components(s: Settings) -> list[Component]:
 
 
 def job_component(s: Settings, env: dict[str, str], sink: list[str]) -> Component:
-    """The streaming job: the built-in restartable job, or the sessions example; both on
-    the service's instances, windows, watermark and micro-batch interval."""
+    """The streaming job: the built-in restartable job, or an example; both on the
+    service's instances, windows, watermark and micro-batch interval."""
     common = ["--instances", str(s.instances), "--window-seconds", str(s.window_seconds),
               "--watermark-seconds", str(s.window_seconds // 2),
               "--trigger-seconds", str(s.trigger_seconds), "--master", "local[2]",
               "--name", job_name(s)]
-    if s.job_app == "sessions":
-        argv = [str(REPO_ROOT / "spark_apps" / "sessions_job.py"), *common]
+    if s.job_app != "keyed":
+        argv = [str(REPO_ROOT / "spark_apps" / "example_job.py"), "--example", s.job_app,
+                *common]
     else:
         kafka = s.events_source == "kafka"
         argv = [str(REPO_ROOT / "spark_apps" / "restartable_job.py"), *common, "--windows", "3",
@@ -420,9 +422,9 @@ class Service:
     def _record_source(self) -> None:
         """Record the source and the job ``down`` / ``status`` go by (another source while
         it runs, or another job over a data directory with a job's tables: refused)."""
-        if self.s.job_app == "sessions" and self.s.events_source == "kafka":
-            raise ServiceError("JOB=sessions reads the events table; SOURCE=kafka runs the "
-                               "built-in job only")
+        if self.s.job_app != "keyed" and self.s.events_source == "kafka":
+            raise ServiceError(f"JOB={self.s.job_app} reads the events table; SOURCE=kafka "
+                               "runs the built-in job only")
         wanted = self.s.events_source
         recorded = dataclasses.replace(self.s, source=None).events_source
         if wanted != recorded and any(alive(r) for r in Service(
