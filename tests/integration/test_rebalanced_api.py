@@ -379,6 +379,25 @@ def test_refusals_name_the_part(spark):
 views = _example("page_views")
 
 
+def _feed(spark, query, path: str, phase, schema: str) -> None:
+    """Write a phase of input, then let the rebalanced ``query`` process all of it."""
+    for frame in phase:
+        _write(spark, path, frame, schema)
+    query.resume()
+    query.process_all_available()
+
+
+def _outcome(spark, root: Path, out_schema: str) -> dict:
+    """What a rebalanced run under ``root`` (reb_out, reb_chk, tables) left: its output
+    rows, its key histograms and its control table."""
+    from rebalance.spark import tables
+
+    return dict(rebalanced=_rows(spark, str(root / "reb_out"), out_schema),
+                hist=tables.read(spark, tables.KEY_HISTOGRAMS, str(root / "tables")).toPandas(),
+                control=spark.read.format("delta").load(
+                    str(root / "reb_chk" / "_rebalance" / "control")).toPandas())
+
+
 @pytest.fixture(scope="module")
 def views_scenario(spark, tmp_path_factory):
     """examples/page_views.py (a MapState of open windows per user, a timer at each
@@ -418,16 +437,10 @@ def views_scenario(spark, tmp_path_factory):
         published.append(tables.publish_assignment(spark, version["routing"], N,
                                                    root=tables_root, splits=version["splits"]))
         assert query.switch() == published[-1]
-        for frame in phase:
-            _write(spark, reb_in, frame, views.CLICKS_SCHEMA)
-        query.resume()
-        query.process_all_available()
+        _feed(spark, query, reb_in, phase, views.CLICKS_SCHEMA)
     query.stop()
-    return dict(plain=plain, rebalanced=_rows(spark, reb_out, views.VIEWS_SCHEMA),
+    return dict(plain=plain, **_outcome(spark, root, views.VIEWS_SCHEMA),
                 hot=hot, second=second, published=published,
-                hist=tables.read(spark, tables.KEY_HISTOGRAMS, tables_root).toPandas(),
-                control=spark.read.format("delta").load(
-                    str(root / "reb_chk" / "_rebalance" / "control")).toPandas(),
                 start=jobs.latest_start(spark, "views", tables_root))
 
 
@@ -520,16 +533,10 @@ def resize_scenario(spark, tmp_path_factory):
             assert query.switch() == published[-1]
         assert (query.version, query.instances) == (published[-1], n)
         partitions.append(checkpoint_partitions(checkpoint))
-        for frame in phase:
-            _write(spark, reb_in, frame, sessions.CLICKS_SCHEMA)
-        query.resume()
-        query.process_all_available()
+        _feed(spark, query, reb_in, phase, sessions.CLICKS_SCHEMA)
     query.stop()
-    return dict(plain=plain, rebalanced=_rows(spark, reb_out, sessions.SESSION_SCHEMA),
-                busiest=busiest, published=published, partitions=partitions,
-                hist=tables.read(spark, tables.KEY_HISTOGRAMS, tables_root).toPandas(),
-                control=spark.read.format("delta").load(
-                    str(root / "reb_chk" / "_rebalance" / "control")).toPandas())
+    return dict(plain=plain, **_outcome(spark, root, sessions.SESSION_SCHEMA),
+                busiest=busiest, published=published, partitions=partitions)
 
 
 def test_sessions_equal_plain_spark_across_a_scale_out_and_a_scale_in(resize_scenario):
