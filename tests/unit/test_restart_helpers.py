@@ -120,6 +120,17 @@ def test_uncommitted_batches_that_wrote_nothing_are_dropped(tmp_path):
     assert restart_checkpoint.drop_uncommitted(str(tmp_path), written=set()) == []
 
 
+def test_the_state_partitions_are_those_the_newest_batch_recorded(tmp_path):
+    assert restart_checkpoint.checkpoint_partitions(str(tmp_path)) is None   # no batch yet
+    _checkpoint(tmp_path, offsets=2, commits=2)
+    assert restart_checkpoint.checkpoint_partitions(str(tmp_path)) is None   # no conf
+    for batch, n in ((2, 3), (10, 4)):       # batch 10 after 9: the numeric order counts
+        (tmp_path / "offsets" / str(batch)).write_text(
+            'v1\n{"batchWatermarkMs":0,"conf":{"spark.sql.shuffle.partitions":"%d"}}\n'
+            '{"reservoirVersion":1,"index":0}\n' % n)
+    assert restart_checkpoint.checkpoint_partitions(str(tmp_path)) == 4
+
+
 def test_an_uncommitted_batch_that_may_have_written_is_not_dropped(tmp_path):
     _checkpoint(tmp_path, offsets=4, commits=3)
     with pytest.raises(restart.RestartError, match="replay them first"):
