@@ -42,14 +42,18 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def _sessions():
-    if "sessions_example" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("sessions_example",
-                                                      REPO / "examples" / "sessions.py")
+def _example(name: str = "sessions"):
+    if f"{name}_example" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(f"{name}_example",
+                                                      REPO / "examples" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["sessions_example"] = module
+        sys.modules[f"{name}_example"] = module
         spec.loader.exec_module(module)
-    return sys.modules["sessions_example"]
+    return sys.modules[f"{name}_example"]
+
+
+def _sessions():
+    return _example("sessions")
 
 
 def zipf_weights(users: int, zipf: float) -> np.ndarray:
@@ -90,16 +94,18 @@ def clicks(events: int, batches: int, names: np.ndarray, weights: np.ndarray,
     return out
 
 
-def busy_processor(work_us: float):
-    """The sessionization processor, burning ``work_us`` of CPU per click first."""
+def busy_processor(work_us: float, split: bool = False):
+    """The sessionization processor (``split``: the page-views one), burning ``work_us``
+    of CPU per click first."""
     from pyspark import cloudpickle
 
-    sessions = _sessions()
-    cloudpickle.register_pickle_by_value(sessions)
+    module = _example("page_views") if split else _sessions()
+    cloudpickle.register_pickle_by_value(module)
+    base = module.PageViews if split else module.Sessionize
     if work_us <= 0:
-        return sessions.Sessionize()
+        return base()
 
-    class BusySessionize(sessions.Sessionize):
+    class BusySessionize(base):
         def handleInputRows(self, key, rows, timerValues):
             rows = list(rows)
             end = time.thread_time() + work_us * sum(len(r) for r in rows) / 1e6
@@ -152,7 +158,8 @@ def run(side: str, a: argparse.Namespace) -> dict[str, float]:
     from rebalance.spark.session import get_spark
     from rebalance.streaming.rebalanced import rebalanced
 
-    sessions = _sessions()
+    module = _example("page_views") if a.split else _sessions()
+    schema = module.VIEWS_SCHEMA if a.split else module.SESSION_SCHEMA
     master = a.master or "local[2]"
     spark = get_spark(f"cost-{side}", master=master,
                       conf=CLUSTER_CONF if master.startswith("spark://") else None)
@@ -161,10 +168,10 @@ def run(side: str, a: argparse.Namespace) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(prefix=f"cost-{side}-"))
     stream = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(a.source)
               .withWatermark("click_time", "10 minutes"))
-    processor = busy_processor(a.work_us)
+    processor = busy_processor(a.work_us, a.split)
     if side == "plain":
         query = (stream.groupBy("user_id")
-                 .transformWithStateInPandas(processor, sessions.SESSION_SCHEMA, "Append",
+                 .transformWithStateInPandas(processor, schema, "Append",
                                              "EventTime")
                  .writeStream.format("delta").option("checkpointLocation", str(root / "chk"))
                  .trigger(processingTime="1 second").start(str(root / "out")))
@@ -172,12 +179,15 @@ def run(side: str, a: argparse.Namespace) -> dict[str, float]:
     else:
         tables_root = str(root / "tables")
         if a.routing:
-            tables.publish_assignment(spark, json.loads(Path(a.routing).read_text()),
-                                      a.instances, root=tables_root)
+            plan = json.loads(Path(a.routing).read_text())
+            splits = {k: {int(i): s for i, s in parts.items()}
+                      for k, parts in plan.get("splits", {}).items()}
+            tables.publish_assignment(spark, plan["routing"], a.instances, root=tables_root,
+                                      splits=splits)
         job = rebalanced(stream, key="user_id", processor=processor,
-                         output_schema=sessions.SESSION_SCHEMA, time_mode="EventTime",
+                         output_schema=schema, time_mode="EventTime",
                          event_time="click_time", job="cost", instances=a.instances,
-                         tables_root=tables_root)
+                         tables_root=tables_root, merge=module.MERGE if a.split else None)
         handle = job.start(output=str(root / "out"), checkpoint=str(root / "chk"))
         query = handle.query
     while not query.lastProgress:
@@ -198,6 +208,7 @@ def run_child(side: str, a: argparse.Namespace, source: str, routing: str | None
             str(a.instances), "--launched", repr(launched), "--work-us", str(a.work_us)]
     argv += ["--master", a.master] if a.master else []
     argv += ["--routing", routing] if routing else []
+    argv += ["--split"] if a.split else []
     done = subprocess.run(argv, capture_output=True, text=True)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -209,6 +220,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--skew", action="store_true",
                    help="hot users colliding under hash, CPU work per click, on the cluster")
+    p.add_argument("--split", action="store_true",
+                   help="with --skew: one user holds --hot-share of the clicks; the page-views "
+                        "processor, its Merge, and that user split over the instances")
     p.add_argument("--events", type=int, help="clicks per micro-batch (default 20000; "
                                               "--skew 4000)")
     p.add_argument("--batches", type=int, default=6)
@@ -246,16 +260,28 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="cost-"))
     weights = zipf_weights(a.users, 1.0 if a.skew else 0.0)
     names = user_names(weights, a.instances, a.hot_share if a.skew else None)
+    if a.split:        # one user with hot_share of the clicks, the rest uniform
+        weights = np.full(a.users, (1 - a.hot_share) / (a.users - 1))
+        weights[0] = a.hot_share
+        names = user_names(weights, a.instances, None)
     source, routing_file = str(work / "clicks"), None
     write_input(clicks(a.events, a.batches, names, weights), source)
     plain_load = load_ratio(np.mod(spark_hash_strings(names).astype(np.int64), a.instances),
                             weights, a.instances)
-    routing = planned_routing(names, weights, a.instances) if a.skew else {}
     placed = default_instances(names, a.instances)
+    splits = {}
+    if a.split:
+        rest = np.bincount(placed[1:], weights=weights[1:], minlength=a.instances)
+        room = np.maximum(1.0 / a.instances - rest, 0.0)
+        splits = {str(names[0]): {i: float(r / room.sum()) for i, r in enumerate(room) if r > 0}}
+        routing = {}
+        split_load = rest + weights[0] * room / room.sum()
+    else:
+        routing = planned_routing(names, weights, a.instances) if a.skew else {}
     placed = np.array([routing.get(str(k), d) for k, d in zip(names, placed)])
-    if routing:
+    if routing or splits:
         routing_file = str(work / "routing.json")
-        Path(routing_file).write_text(json.dumps(routing))
+        Path(routing_file).write_text(json.dumps({"routing": routing, "splits": splits}))
     figures: dict[str, list[dict]] = {"plain": [], "rebalanced": []}
     with cluster_master(work, a.master) if a.skew else nullcontext() as master:
         a.master = master
@@ -267,8 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{a.events} clicks per micro-batch, {a.batches} micro-batches, {a.users} users "
           f"(Zipf {1.0 if a.skew else 0.0}), {a.work_us:g} us CPU per click, N = {a.instances}, "
           f"{where}, {a.runs} runs")
-    print(f"load max/mean: plain (Spark's hash) {plain_load:.2f}, rebalanced "
-          f"{load_ratio(placed, weights, a.instances):.2f} ({len(routing)} users routed)")
+    balanced = (float(split_load.max() / split_load.mean()) if splits
+                else load_ratio(placed, weights, a.instances))
+    print(f"load max/mean: plain (Spark's hash) {plain_load:.2f}, rebalanced {balanced:.2f} "
+          f"({len(routing)} users routed, {len(splits)} split: {splits})")
     for what in ("batch_s", "events_per_s", "startup_s"):
         plain = [f[what] for f in figures["plain"]]
         reb = [f[what] for f in figures["rebalanced"]]
