@@ -2,6 +2,7 @@
 
     .venv/bin/python include/benchmarks/processor_cost_benchmark.py            # no skew
     .venv/bin/python include/benchmarks/processor_cost_benchmark.py --skew     # cluster
+    .venv/bin/python include/benchmarks/processor_cost_benchmark.py --skew --split --hot-share 0.6
 
 The sessionization example (examples/sessions.py) runs on the same clicks, one Delta
 commit per micro-batch, under ``groupBy("user_id").transformWithStateInPandas`` and under
@@ -20,6 +21,11 @@ workers (started here unless ``--master`` is given) at N = 2. The rebalanced sid
 with the assignment seed 003's Mixed plans from the users' loads (what the DAG publishes
 after a window of histograms). Beside events/s, the load's max/mean over the instances
 (the critical path of the model) for each side.
+
+``--split`` (with ``--skew``): one user holds ``--hot-share`` of the clicks, the others
+share the rest evenly; the page-views example (examples/page_views.py) runs instead, and
+the rebalanced side, with its ``Merge``, splits that user over the instances with shares
+that even out the other users' loads.
 """
 
 from __future__ import annotations
