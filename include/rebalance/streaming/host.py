@@ -292,7 +292,7 @@ class InstanceHost(StatefulProcessor):
         version = int(marker["rb_version"])
         params = pickle.loads(marker["rb_payload"]) if marker["rb_payload"] is not None else {}
         n_target = int(params.get("n_instances", s.n_instances))
-        labels = s.labels if n_target == s.n_instances else instance_labels(n_target)
+        labels = instance_labels(n_target)
         own = s.labels[instance]
         keys = self.scope.held_keys() if s.moves_state else []
         names = [str(k) for k in keys]

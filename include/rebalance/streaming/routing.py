@@ -100,6 +100,15 @@ def split_point(event_id: Column) -> Column:
     return F.pmod(F.hash(event_id), F.lit(SPLIT_POINTS))
 
 
+def share_instance(instances: str, bounds: str, point: Column) -> Column:
+    """The instance of the share whose point range holds ``point``: ``instances`` and
+    ``bounds`` name an event's key's instances (increasing) and the upper bounds of their
+    ranges (one instance: that instance whatever the point); NULL for a key without them."""
+    index = F.least(F.size(F.filter(bounds, lambda b: b <= point)), F.size(instances) - 1)
+    return F.when(F.size(instances) == 1, F.element_at(instances, 1)).otherwise(
+        F.element_at(instances, index + 1))
+
+
 def route(events: DataFrame, assignment_rows: DataFrame, n_instances: int) -> DataFrame:
     """Add ``key_group``, ``default_instance``, ``instance``, ``label``, ``assignment_version``.
 
@@ -120,11 +129,7 @@ def route(events: DataFrame, assignment_rows: DataFrame, n_instances: int) -> Da
               .withColumn("default_instance", default_instance_col(F.col("key_group"), n_instances))
               .join(F.broadcast(routes(assignment_rows)), "key", "left")
               .crossJoin(F.broadcast(version)))
-    point = split_point(F.col("event_id"))
-    index = F.least(F.size(F.filter("_bounds", lambda b: b <= point)),
-                    F.size("_instances") - 1)
-    chosen = F.when(F.size("_instances") == 1, F.element_at("_instances", 1)).otherwise(
-        F.element_at("_instances", index + 1))
+    chosen = share_instance("_instances", "_bounds", split_point(F.col("event_id")))
     instance = F.coalesce(chosen, F.col("default_instance"))
     checked = F.when(instance.between(0, n_instances - 1), instance).otherwise(F.raise_error(
         F.concat(F.lit("assignment routes key "), F.col("key"), F.lit(" to instance "),
@@ -199,9 +204,7 @@ def route_keys(df: DataFrame, key: str, assignment: Assignment,
             rows, "rb_key STRING, rb_instances ARRAY<INT>, rb_bounds ARRAY<INT>")
         routed = routed.join(F.broadcast(table), "rb_key", "left")
         point = split_point(F.struct(*[F.col(c) for c in (split_by or df.columns)]))
-        index = F.least(F.size(F.filter("rb_bounds", lambda b: b <= point)),
-                        F.size("rb_instances") - 1)
-        routed = (routed.withColumn("rb_routed", F.element_at("rb_instances", index + 1))
+        routed = (routed.withColumn("rb_routed", share_instance("rb_instances", "rb_bounds", point))
                   .drop("rb_instances", "rb_bounds"))
         instance = F.coalesce(F.col("rb_routed"), instance)
     elif assignment.routing:
