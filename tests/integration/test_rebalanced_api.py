@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from api_helpers import T0_MS, N, rows_of, run_both, run_plain, stream_of, write
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-N = 3
-T0_MS = 1_704_067_200_000
 #: Histogram windows of the sessions run: an hour, so the window of minutes 60-120 holds
 #: clicks of both phases (the move comes between them).
 WINDOW_SECONDS = 3600
@@ -66,82 +65,6 @@ def _clicks(n_users: int = 24, n_phases: int = 2, batches: int = 4, seed: int = 
             t += 25 * 60_000
         out.append(phase)
     return out
-
-
-def _write(spark, path: str, frame: pd.DataFrame, schema: str) -> None:
-    spark.createDataFrame(frame, schema).coalesce(1).write.format("delta").mode("append").save(path)
-
-
-def _stream(spark, path: str, watermark: str | None):
-    df = spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(path)
-    return df.withWatermark(watermark, "10 minutes") if watermark else df
-
-
-def _rows(spark, path: str, out_schema: str) -> list[tuple]:
-    columns = [c.split()[0] for c in out_schema.split(", ")]
-    return sorted(tuple(r) for r in spark.read.format("delta").load(path)
-                  .select(*columns).collect())
-
-
-def _plain(spark, root: Path, phases, *, make, in_schema, out_schema, key, time_mode,
-           watermark) -> list[tuple]:
-    """The processor on the phases under plain ``groupBy(key).transformWithStateInPandas``
-    (one query; it waits until a batch read no row after each phase): its output rows."""
-    from rebalance.streaming.rebalanced import wait_caught_up
-
-    plain_in, plain_out = str(root / "plain_in"), str(root / "plain_out")
-    query = None
-    for phase in phases:
-        for frame in phase:
-            _write(spark, plain_in, frame, in_schema)
-        if query is None:
-            query = (_stream(spark, plain_in, watermark).groupBy(key)
-                     .transformWithStateInPandas(make(), out_schema, "Append", time_mode)
-                     .writeStream.format("delta")
-                     .option("checkpointLocation", str(root / "plain_chk"))
-                     .trigger(processingTime="1 second").start(plain_out))
-        wait_caught_up(query)
-    query.stop()
-    return _rows(spark, plain_out, out_schema)
-
-
-def _run_both(spark, root: Path, phases, *, make, in_schema, out_schema, key, time_mode,
-              event_time, watermark, job, window_seconds):
-    """The processor on the same phases under plain Spark and under rebalanced() (in this
-    process) with a move of the three busiest keys between the phases; both outputs and
-    what the move did."""
-    from rebalance.spark import tables
-    from rebalance.streaming.rebalanced import rebalanced, switches
-
-    plain = _plain(spark, root, phases, make=make, in_schema=in_schema, out_schema=out_schema,
-                   key=key, time_mode=time_mode, watermark=watermark)
-    reb_in, reb_out, tables_root = str(root / "reb_in"), str(root / "reb_out"), str(root / "tables")
-    for frame in phases[0]:
-        _write(spark, reb_in, frame, in_schema)
-    stream = rebalanced(_stream(spark, reb_in, watermark), key=key, processor=make(),
-                        output_schema=out_schema, time_mode=time_mode, event_time=event_time,
-                        job=job, instances=N, tables_root=tables_root,
-                        window_seconds=window_seconds)
-    query = stream.start(output=reb_out, checkpoint=str(root / "reb_chk"), trigger_seconds=1)
-    query.process_all_available()
-    busiest = list(pd.concat(phases[0])[key].value_counts().index[:3])
-    hist = tables.read(spark, tables.KEY_HISTOGRAMS, tables_root).toPandas()
-    where = hist.groupby("key")["instance"].first()
-    moves = {k: (int(where.get(k, 0)) + 1) % N for k in busiest}
-    version = tables.publish_assignment(spark, moves, N, root=tables_root)
-    switched_to = query.switch()
-    for frame in phases[1]:
-        _write(spark, reb_in, frame, in_schema)
-    query.resume()
-    query.process_all_available()
-    query.stop()
-    return dict(plain=plain, rebalanced=_rows(spark, reb_out, out_schema), version=version,
-                switched_to=switched_to, moves=moves,
-                switches=switches(spark, str(root / "reb_chk")),
-                control=spark.read.format("delta").load(
-                    str(root / "reb_chk" / "_rebalance" / "control")).toPandas(),
-                hist=tables.read(spark, tables.KEY_HISTOGRAMS, tables_root).toPandas(),
-                inputs=pd.concat(phases[0] + phases[1]))
 
 
 #: The sessions job in a process of its own (argv: repo, root, step, moves as JSON):
@@ -196,7 +119,7 @@ def _killed_during_the_move(spark, root: Path, phases, moves: dict) -> dict:
     from rebalance.streaming.rebalanced import switches
 
     for frame in phases[0]:
-        _write(spark, str(root / "in"), frame, sessions.CLICKS_SCHEMA)
+        write(spark, str(root / "in"), frame, sessions.CLICKS_SCHEMA)
     argv = json.dumps({str(k): int(v) for k, v in moves.items()})
 
     def driver(step: str) -> Proc:
@@ -216,7 +139,7 @@ def _killed_during_the_move(spark, root: Path, phases, moves: dict) -> dict:
     assert moving.alive(), "the driver ended before the move: " + moving.log.read_text()[-3000:]
     moving.kill9()
     for frame in phases[1]:
-        _write(spark, str(root / "in"), frame, sessions.CLICKS_SCHEMA)
+        write(spark, str(root / "in"), frame, sessions.CLICKS_SCHEMA)
     resumed = driver("resume")
     resumed.popen.wait(timeout=900)
     log = resumed.log.read_text()
@@ -224,7 +147,7 @@ def _killed_during_the_move(spark, root: Path, phases, moves: dict) -> dict:
     switching = re.search(r"SWITCHING (\d+)", moving.log.read_text())
     running = re.search(r"VERSION (\d+)", log)
     assert switching and running, (moving.log.read_text()[-2000:], log[-2000:])
-    return dict(rebalanced=_rows(spark, str(root / "out"), sessions.SESSION_SCHEMA),
+    return dict(rebalanced=rows_of(spark, str(root / "out"), sessions.SESSION_SCHEMA),
                 version=int(switching.group(1)), switched_to=int(running.group(1)),
                 switches=switches(spark, str(root / "chk")),
                 control=spark.read.format("delta").load(str(control)).toPandas(),
@@ -240,9 +163,9 @@ def scenario(spark, tmp_path_factory):
 
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     root, phases = tmp_path_factory.mktemp("sessions"), _clicks()
-    plain = _plain(spark, root, phases, make=sessions.Sessionize,
-                   in_schema=sessions.CLICKS_SCHEMA, out_schema=sessions.SESSION_SCHEMA,
-                   key="user_id", time_mode="EventTime", watermark="click_time")
+    plain = run_plain(spark, root, phases, make=sessions.Sessionize,
+                      in_schema=sessions.CLICKS_SCHEMA, out_schema=sessions.SESSION_SCHEMA,
+                      key="user_id", time_mode="EventTime", watermark="click_time")
     busiest = list(pd.concat(phases[0])["user_id"].value_counts().index[:3])
     moves = {k: (int(d) + 1) % N for k, d in zip(busiest, default_instances(busiest, N))}
     (root / "reb").mkdir()
@@ -331,7 +254,7 @@ def _readings(n_devices: int = 20, n_phases: int = 2, batches: int = 3, seed: in
 @pytest.fixture(scope="module")
 def devices_scenario(spark, tmp_path_factory):
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    return _run_both(spark, tmp_path_factory.mktemp("devices"), _readings(),
+    return run_both(spark, tmp_path_factory.mktemp("devices"), _readings(),
                      make=devices.DedupAverage, in_schema=devices.READINGS_SCHEMA,
                      out_schema=devices.AVERAGE_SCHEMA, key="device_id",
                      time_mode="ProcessingTime", event_time="reading_time", watermark=None,
@@ -382,7 +305,7 @@ views = _example("page_views")
 def _feed(spark, query, path: str, phase, schema: str) -> None:
     """Write a phase of input, then let the rebalanced ``query`` process all of it."""
     for frame in phase:
-        _write(spark, path, frame, schema)
+        write(spark, path, frame, schema)
     query.resume()
     query.process_all_available()
 
@@ -392,7 +315,7 @@ def _outcome(spark, root: Path, out_schema: str) -> dict:
     rows, its key histograms and its control table."""
     from rebalance.spark import tables
 
-    return dict(rebalanced=_rows(spark, str(root / "reb_out"), out_schema),
+    return dict(rebalanced=rows_of(spark, str(root / "reb_out"), out_schema),
                 hist=tables.read(spark, tables.KEY_HISTOGRAMS, str(root / "tables")).toPandas(),
                 control=spark.read.format("delta").load(
                     str(root / "reb_chk" / "_rebalance" / "control")).toPandas())
@@ -411,9 +334,9 @@ def views_scenario(spark, tmp_path_factory):
 
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     root, phases = tmp_path_factory.mktemp("views"), _clicks(n_phases=3, batches=3, seed=11)
-    plain = _plain(spark, root, phases, make=views.PageViews, in_schema=views.CLICKS_SCHEMA,
-                   out_schema=views.VIEWS_SCHEMA, key="user_id", time_mode="EventTime",
-                   watermark="click_time")
+    plain = run_plain(spark, root, phases, make=views.PageViews, in_schema=views.CLICKS_SCHEMA,
+                      out_schema=views.VIEWS_SCHEMA, key="user_id", time_mode="EventTime",
+                      watermark="click_time")
     hot, second = list(pd.concat(phases[0])["user_id"].value_counts().index[:2])
     hot_default, second_default = (int(d) for d in default_instances([hot, second], N))
     versions = [
@@ -424,8 +347,8 @@ def views_scenario(spark, tmp_path_factory):
     ]
     reb_in, reb_out, tables_root = str(root / "reb_in"), str(root / "reb_out"), str(root / "tables")
     for frame in phases[0]:
-        _write(spark, reb_in, frame, views.CLICKS_SCHEMA)
-    stream = rebalanced(_stream(spark, reb_in, "click_time"), key="user_id",
+        write(spark, reb_in, frame, views.CLICKS_SCHEMA)
+    stream = rebalanced(stream_of(spark, reb_in, "click_time"), key="user_id",
                         processor=views.PageViews(), output_schema=views.VIEWS_SCHEMA,
                         time_mode="EventTime", event_time="click_time", job="views",
                         instances=N, tables_root=tables_root, window_seconds=600,
@@ -501,15 +424,15 @@ def resize_scenario(spark, tmp_path_factory):
 
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     root, phases = tmp_path_factory.mktemp("resize"), _clicks(n_phases=3, batches=3, seed=7)
-    plain = _plain(spark, root, phases, make=sessions.Sessionize,
-                   in_schema=sessions.CLICKS_SCHEMA, out_schema=sessions.SESSION_SCHEMA,
-                   key="user_id", time_mode="EventTime", watermark="click_time")
+    plain = run_plain(spark, root, phases, make=sessions.Sessionize,
+                      in_schema=sessions.CLICKS_SCHEMA, out_schema=sessions.SESSION_SCHEMA,
+                      key="user_id", time_mode="EventTime", watermark="click_time")
     busiest = str(pd.concat(phases[0])["user_id"].value_counts().index[0])
     reb_in, reb_out, tables_root = str(root / "reb_in"), str(root / "reb_out"), str(root / "tables")
     checkpoint = str(root / "reb_chk")
     for frame in phases[0]:
-        _write(spark, reb_in, frame, sessions.CLICKS_SCHEMA)
-    stream = rebalanced(_stream(spark, reb_in, "click_time"), key="user_id",
+        write(spark, reb_in, frame, sessions.CLICKS_SCHEMA)
+    stream = rebalanced(stream_of(spark, reb_in, "click_time"), key="user_id",
                         processor=sessions.Sessionize(), output_schema=sessions.SESSION_SCHEMA,
                         time_mode="EventTime", event_time="click_time", job="resize",
                         instances=N, tables_root=tables_root, window_seconds=600)

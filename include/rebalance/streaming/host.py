@@ -154,6 +154,7 @@ class InstanceHost(StatefulProcessor):
                     (value,), iter([user_rows.iloc[index].reset_index(drop=True)]), timerValues):
                 yield self._user_rows(out, value, instance)
             sizes[names[index[0]]] = self.scope.state_bytes()
+        self.scope.flush()
         self._count(frame, sizes, now, time.perf_counter_ns() - started,
                     time.thread_time_ns() - cpu_started)
         if exports is not None and len(exports):
@@ -169,6 +170,7 @@ class InstanceHost(StatefulProcessor):
                 for out in self.processor.handleExpiredTimer((value,), timerValues,
                                                              ExpiredTimerInfo(ts)):
                     yield self._user_rows(out, value, instance)
+        self.scope.flush()
         # a histogram window's own timer is its end: it closes that window alone
         window = ts - self.settings.window_ms
         held = self.windows.getValue((window,))
@@ -337,3 +339,4 @@ class InstanceHost(StatefulProcessor):
             if self.scope.take_timer(ts):
                 for out in self.processor.handleExpiredTimer((value,), then, ExpiredTimerInfo(ts)):
                     yield self._user_rows(out, value, instance)
+        self.scope.flush()

@@ -98,21 +98,24 @@ class KeyListState:
         self._scope, self._state, self._ttl = scope, state, ttl_ms
 
     def _read(self) -> tuple[list, list]:
+        cached = self._scope.cached(id(self))
+        if cached is not None:
+            return cached
         held = self._state.getValue(self._scope.key)
-        if held is None:
-            return [], []
-        now = self._scope.now_ms
-        pairs = [(item, exp) for item, exp in zip(held[0], held[1])
-                 if not _expired(exp, now)]
-        return [p[0] for p in pairs], [p[1] for p in pairs]
+        pairs = [] if held is None else [(item, exp) for item, exp in zip(held[0], held[1])
+                                         if not _expired(exp, self._scope.now_ms)]
+        return self._scope.keep(id(self), ([p[0] for p in pairs], [p[1] for p in pairs]))
 
     def _write(self, items: list, expires: list) -> None:
+        key = self._scope.key
+        self._scope.stage(id(self), (items, expires), lambda: self._store(key, items, expires))
+        self._scope.measure(id(self), items or None)
+
+    def _store(self, key: tuple, items: list, expires: list) -> None:
         if items:
-            self._state.updateValue(self._scope.key, (items, expires))
-            self._scope.measure(id(self), items)
+            self._state.updateValue(key, (items, expires))
         else:
-            self._state.removeKey(self._scope.key)
-            self._scope.measure(id(self), None)
+            self._state.removeKey(key)
 
     def _expiry(self) -> int | None:
         return None if self._ttl is None else self._scope.now_ms + self._ttl
@@ -148,22 +151,28 @@ class KeyMapState:
         self._scope, self._state, self._ttl = scope, state, ttl_ms
 
     def _read(self) -> dict[tuple, tuple[tuple, Any]]:
+        cached = self._scope.cached(id(self))
+        if cached is not None:
+            return cached
         held = self._state.getValue(self._scope.key)
-        if held is None:
-            return {}
         now = self._scope.now_ms
-        return {tuple(k): (v, e) for k, v, e in zip(held[0], held[1], held[2])
-                if not _expired(e, now)}
+        return self._scope.keep(id(self), {} if held is None else {
+            tuple(k): (v, e) for k, v, e in zip(held[0], held[1], held[2])
+            if not _expired(e, now)})
 
     def _write(self, entries: dict[tuple, tuple[tuple, Any]]) -> None:
+        key = self._scope.key
+        self._scope.stage(id(self), entries, lambda: self._store(key, entries))
+        self._scope.measure(id(self), (lambda: [list(entries), [v for v, _ in entries.values()]])
+                            if entries else None)
+
+    def _store(self, key: tuple, entries: dict[tuple, tuple[tuple, Any]]) -> None:
         if entries:
             keys = list(entries)
-            self._state.updateValue(self._scope.key, (
-                keys, [entries[k][0] for k in keys], [entries[k][1] for k in keys]))
-            self._scope.measure(id(self), [keys, [entries[k][0] for k in keys]])
+            self._state.updateValue(key, (keys, [entries[k][0] for k in keys],
+                                          [entries[k][1] for k in keys]))
         else:
-            self._state.removeKey(self._scope.key)
-            self._scope.measure(id(self), None)
+            self._state.removeKey(key)
 
     def exists(self) -> bool:
         return bool(self._read())
@@ -222,7 +231,9 @@ class KeyScope:
         self.now_ms = 0
         #: user variable name -> (kind, the instance's MapState) in declaration order
         self.variables: dict[str, tuple[str, Any]] = {}
-        self._sizes: dict[int, int] = {}
+        self._sizes: dict[int, Any] = {}
+        self._cached: dict[int, Any] = {}
+        self._staged: dict[int, Callable[[], None]] = {}
         self._timers = handle.getMapState(TIMER_KEYS, self.key_schema,
                                           StructType([StructField("ts", ArrayType(LongType()))]))
         self._due = handle.getMapState(
@@ -238,17 +249,45 @@ class KeyScope:
     # -------------------------------------------------------------- the key in scope
 
     def enter(self, key: Any, now_ms: int) -> None:
-        """Act on ``key`` (a plain value) from now on; ``now_ms`` is the batch's time."""
+        """Act on ``key`` (a plain value) from now on; ``now_ms`` is the batch's time.
+        The previous key's staged list and map writes are stored first."""
+        self.flush()
         self.key, self.now_ms = (key,), now_ms
         self._sizes = {}
+        self._cached = {}
         self._key_timers = None
 
+    # A list or map variable is read once per key in scope and written back once, when
+    # the scope moves on (:meth:`flush`): its entry holds the whole list or map, so a
+    # write per element would rewrite it per element.
+
+    def cached(self, variable: int) -> Any:
+        return self._cached.get(variable)
+
+    def keep(self, variable: int, value: Any) -> Any:
+        self._cached[variable] = value
+        return value
+
+    def stage(self, variable: int, value: Any, store: Callable[[], None]) -> None:
+        self._cached[variable] = value
+        self._staged[variable] = store
+
+    def flush(self) -> None:
+        """Store the staged writes of the key in scope (the host calls it after each of
+        the processor's calls, and before it moves on to another key)."""
+        staged, self._staged = self._staged, {}
+        for store in staged.values():
+            store()
+
     def measure(self, variable: int, value: Any) -> None:
-        self._sizes[variable] = 0 if value is None else value_bytes(value)
+        """Note what a variable of the key in scope holds (its bytes are counted by
+        :meth:`state_bytes`, once per key); a callable gives the value when counted."""
+        self._sizes[variable] = value
 
     def state_bytes(self) -> int:
         """Bytes of the values the current key's variables held when last touched in scope."""
-        return sum(self._sizes.values())
+        return sum(0 if v is None else value_bytes(v() if callable(v) else v)
+                   for v in self._sizes.values())
 
     # -------------------------------------------------------------- state variables
 
@@ -374,6 +413,7 @@ class KeyScope:
 
     def held_keys(self) -> list[Any]:
         """Every key with a state variable or a timer on this instance (a scan: for moves)."""
+        self.flush()
         seen: dict[Any, None] = {}
         for _, real in self.variables.values():
             seen.update((k[0], None) for k in real.keys())
@@ -383,6 +423,8 @@ class KeyScope:
     def export_key(self) -> dict[str, Any]:
         """The current key's whole state (every variable's stored value and its timers),
         removed from this instance."""
+        self.flush()
+        self._cached = {}
         values = {}
         for name, (_, real) in self.variables.items():
             held = real.getValue(self.key)
@@ -403,6 +445,7 @@ class KeyScope:
                 raise ContractError(f"moved state has variable {name!r}, which this processor "
                                     "does not declare")
             self.variables[name][1].updateValue(self.key, value)
+        self._cached = {}
         for ts in exported["timers"]:
             self.registerTimer(int(ts))
 

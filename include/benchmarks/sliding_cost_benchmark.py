@@ -1,0 +1,176 @@
+"""The built-in computation as a processor (SlidingWindows) against Spark's own aggregation.
+
+    .venv/bin/python include/benchmarks/sliding_cost_benchmark.py --runs 3
+
+The same events (``--events`` per micro-batch, one Delta commit each, ``--keys`` keys
+Zipf 1.0, about one in ten a retry of an earlier event) go through three queries, each in
+a fresh Python process with its own driver on local[2], N = ``--instances`` partitions:
+
+* ``agg``: Spark's own ``dropDuplicatesWithinWatermark("event_id")`` then
+  ``groupBy(window(event_time, 1 minute), key).agg(count, sum)``, append mode into Delta
+  (Spark's built-in aggregation pre-aggregates before the shuffle);
+* ``plain``: :class:`~rebalance.streaming.sliding.SlidingWindows` under
+  ``groupBy("key").transformWithStateInPandas``;
+* ``rebalanced``: the same processor under ``rebalanced()``.
+
+Per side: the median micro-batch time (``triggerExecution``, the first batch left out),
+events/s over those batches, and the start-up (process start to the first micro-batch
+done); the ratios to ``agg`` and, for ``rebalanced``, to ``plain``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+SIDES = ("agg", "plain", "rebalanced")
+WINDOW_MS, N_WINDOWS, DELAY = 60_000, 3, "2 minutes"
+
+
+def events(per_batch: int, batches: int, keys: int, seed: int = 1) -> list[pd.DataFrame]:
+    """Frames of events in increasing time, a minute apart per batch, Zipf 1.0 keys;
+    about one in ten a retry of an event of the same or the previous batch."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, keys + 1)
+    weights /= weights.sum()
+    names = np.array([f"k{i:05d}" for i in range(keys)], dtype=object)
+    out, t, serial, previous = [], 1_704_067_200_000, 0, None
+    for _ in range(batches):
+        n = per_batch - per_batch // 10
+        frame = pd.DataFrame({
+            "event_id": [f"e{i:08d}" for i in range(serial, serial + n)],
+            "key": names[rng.choice(keys, size=n, p=weights)],
+            "value": rng.integers(0, 100, n).astype(float), "cost": 1.0,
+            "event_time": pd.to_datetime(t + np.sort(rng.integers(0, 60_000, n)), unit="ms")})
+        serial += n
+        pool = frame if previous is None else pd.concat([previous, frame])
+        retries = pool.sample(per_batch - n, random_state=int(rng.integers(1 << 30)))
+        out.append(pd.concat([frame, retries], ignore_index=True))
+        previous, t = frame, t + 60_000
+    return out
+
+
+def write_input(frames: list[pd.DataFrame], source: str) -> None:
+    from rebalance.spark.session import get_spark
+    from rebalance.streaming.sliding import SLIDING_INPUT
+
+    spark = get_spark("sliding-input", master="local[2]")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    for frame in frames:
+        (spark.createDataFrame(frame, SLIDING_INPUT).coalesce(1).write.format("delta")
+         .mode("append").save(source))
+    spark.stop()
+
+
+def run(side: str, source: str, instances: int, launched: float) -> dict[str, float]:
+    from pyspark.sql import functions as F
+
+    from rebalance.spark.session import get_spark
+    from rebalance.streaming.rebalanced import rebalanced
+    from rebalance.streaming.sliding import SLIDING_SCHEMA, SlidingWindows
+
+    spark = get_spark(f"sliding-{side}", master="local[2]")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spark.conf.set("spark.sql.shuffle.partitions", str(instances))
+    root = Path(tempfile.mkdtemp(prefix=f"sliding-{side}-"))
+    stream = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(source)
+              .withWatermark("event_time", DELAY))
+    processor = SlidingWindows(WINDOW_MS, N_WINDOWS, 120_000)
+    if side == "rebalanced":
+        job = rebalanced(stream, key="key", processor=processor, output_schema=SLIDING_SCHEMA,
+                         time_mode="EventTime", event_time="event_time", cost="cost",
+                         job="sliding", instances=instances, tables_root=str(root / "tables"))
+        handle = job.start(output=str(root / "out"), checkpoint=str(root / "chk"))
+        query = handle.query
+    else:
+        if side == "agg":
+            out = (stream.dropDuplicatesWithinWatermark(["event_id"])
+                   .groupBy(F.window("event_time", "1 minute"), "key")
+                   .agg(F.count("*").alias("count"), F.sum("value").alias("sum")))
+        else:
+            out = stream.groupBy("key").transformWithStateInPandas(
+                processor, SLIDING_SCHEMA, "Append", "EventTime")
+        query = (out.writeStream.format("delta").outputMode("append")
+                 .option("checkpointLocation", str(root / "chk"))
+                 .trigger(processingTime="1 second").start(str(root / "out")))
+        handle = query
+    while not query.lastProgress:
+        time.sleep(0.05)
+    first = time.time() - launched
+    handle.process_all_available() if side == "rebalanced" else query.processAllAvailable()
+    done = [p for p in query.recentProgress if p.numInputRows > 0][1:]
+    seconds = [p.durationMs["triggerExecution"] / 1000 for p in done]
+    handle.stop()
+    spark.stop()
+    return {"batch_s": statistics.median(seconds), "startup_s": first,
+            "events_per_s": sum(p.numInputRows for p in done) / sum(seconds)}
+
+
+def run_child(side: str, source: str, instances: int) -> dict[str, float]:
+    launched = time.time()
+    done = subprocess.run([sys.executable, __file__, "--one", side, "--source", source,
+                           "--instances", str(instances), "--launched", repr(launched)],
+                          capture_output=True, text=True)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{side} run failed: {done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--events", type=int, default=50_000, help="events per micro-batch")
+    p.add_argument("--batches", type=int, default=6)
+    p.add_argument("--keys", type=int, default=10_000)
+    p.add_argument("--instances", type=int, default=4)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--one", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--source", help=argparse.SUPPRESS)
+    p.add_argument("--launched", type=float, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if min(a.events, a.batches, a.keys, a.instances, a.runs) < 1 or a.batches < 3:
+        p.error("--events, --keys, --instances, --runs must be >= 1 and --batches >= 3")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.one:
+        print("RESULT " + json.dumps(run(a.one, a.source, a.instances, a.launched)))
+        return 0
+    source = str(Path(tempfile.mkdtemp(prefix="sliding-")) / "events")
+    write_input(events(a.events, a.batches, a.keys), source)
+    figures: dict[str, list[dict]] = {side: [] for side in SIDES}
+    for i in range(a.runs):
+        for side in SIDES[i % 3:] + SIDES[:i % 3]:       # a different side first each run
+            figures[side].append(run_child(side, source, a.instances))
+            print(side, figures[side][-1], flush=True)
+    print(f"\n{a.events} events per micro-batch (1 in 10 a retry), {a.batches} micro-batches, "
+          f"{a.keys} keys (Zipf 1.0), N = {a.instances}, local[2], {a.runs} runs")
+    for what in ("batch_s", "events_per_s", "startup_s"):
+        worst = min if what == "events_per_s" else max
+        line = [f"{what:12s}"]
+        for side in SIDES:
+            values = [f[what] for f in figures[side]]
+            line.append(f"{side} median {statistics.median(values):8.2f} worst "
+                        f"{worst(values):8.2f}")
+        print(" | ".join(line))
+    for base in ("agg", "plain"):
+        ratios = [r["events_per_s"] / q["events_per_s"]
+                  for r, q in zip(figures["rebalanced"], figures[base])]
+        print(f"events/s rebalanced / {base}: median {statistics.median(ratios):.2f} worst "
+              f"{min(ratios):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
