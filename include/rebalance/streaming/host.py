@@ -147,30 +147,34 @@ class InstanceHost(StatefulProcessor):
         s = self.settings
         user_rows, names = frame[list(s.user_columns)], frame["rb_key"].to_numpy()
         batch_ms = timerValues.getCurrentProcessingTimeInMs()
+        outs: list[tuple[pd.DataFrame, Any]] = []
         for value, index in frame.groupby(s.key_column, sort=False).indices.items():
             value = _native(value)
             self.scope.enter(value, batch_ms)
-            for out in self.processor.handleInputRows(
-                    (value,), iter([user_rows.iloc[index].reset_index(drop=True)]), timerValues):
-                yield self._user_rows(out, value, instance)
+            outs += [(out, value) for out in self.processor.handleInputRows(
+                (value,), iter([user_rows.take(index).reset_index(drop=True)]), timerValues)]
             sizes[names[index[0]]] = self.scope.state_bytes()
-        self.scope.flush()
+        if outs:
+            yield self._user_rows(outs, instance)
         self._count(frame, sizes, now, time.perf_counter_ns() - started,
                     time.thread_time_ns() - cpu_started)
         if exports is not None and len(exports):
             yield from self._give_away(exports.iloc[0], instance, timerValues)
+        self.scope.flush_all()
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         ts = expiredTimerInfo.getExpiryTimeInMs()
         instance = self.instance_of[int(key[0])]
+        outs: list[tuple[pd.DataFrame, Any]] = []
         for value in self.scope.keys_due(ts):
             self.scope.enter(value, timerValues.getCurrentProcessingTimeInMs())
             if self.scope.take_timer(ts):
-                for out in self.processor.handleExpiredTimer((value,), timerValues,
-                                                             ExpiredTimerInfo(ts)):
-                    yield self._user_rows(out, value, instance)
-        self.scope.flush()
+                outs += [(out, value) for out in self.processor.handleExpiredTimer(
+                    (value,), timerValues, ExpiredTimerInfo(ts))]
+        self.scope.flush_all()
+        if outs:
+            yield self._user_rows(outs, instance)
         # a histogram window's own timer is its end: it closes that window alone
         window = ts - self.settings.window_ms
         held = self.windows.getValue((window,))
@@ -189,16 +193,18 @@ class InstanceHost(StatefulProcessor):
             return timerValues.getCurrentWatermarkInMs()
         return timerValues.getCurrentProcessingTimeInMs()
 
-    def _user_rows(self, out: pd.DataFrame, value: Any, instance: int) -> pd.DataFrame:
-        """The user's rows, with the key (its string form) and the instance that emitted
-        them (what a merge of a split key's partial results groups by)."""
-        frame = out.reindex(columns=list(self.settings.output_columns))
-        for name in HOST_OUTPUT_NAMES:
-            frame[name] = None
-        frame["rb_kind"] = OUT
-        frame["rb_key"] = str(value)
-        frame["rb_instance"] = instance
-        return frame
+    def _user_rows(self, outs: list[tuple[pd.DataFrame, Any]], instance: int) -> pd.DataFrame:
+        """The user's rows of one call (frames with the key that emitted each), as one
+        frame with the key (its string form) and the instance that emitted them (what a
+        merge of a split key's partial results groups by)."""
+        frame = pd.concat([out for out, _ in outs], ignore_index=True).reindex(
+            columns=list(self.settings.output_columns))
+        host = pd.DataFrame(None, index=frame.index, columns=HOST_OUTPUT_NAMES, dtype=object)
+        host["rb_kind"] = OUT
+        host["rb_key"] = np.repeat([str(value) for _, value in outs],
+                                   [len(out) for out, _ in outs])
+        host["rb_instance"] = instance
+        return pd.concat([frame, host], axis=1)
 
     @staticmethod
     def _host_rows(rows: list[dict[str, Any]], output_columns) -> pd.DataFrame:
@@ -334,9 +340,12 @@ class InstanceHost(StatefulProcessor):
         then = TimerValues(payload["processing_ms"], payload["watermark_ms"])
         due_by = (payload["watermark_ms"] if self.settings.time_mode.lower() == "eventtime"
                   else payload["processing_ms"])
+        outs: list[tuple[pd.DataFrame, Any]] = []
         for ts in sorted(t for t in payload["timers"] if t <= due_by):
             self.scope.enter(value, payload["processing_ms"])
             if self.scope.take_timer(ts):
-                for out in self.processor.handleExpiredTimer((value,), then, ExpiredTimerInfo(ts)):
-                    yield self._user_rows(out, value, instance)
-        self.scope.flush()
+                outs += [(out, value) for out in self.processor.handleExpiredTimer(
+                    (value,), then, ExpiredTimerInfo(ts))]
+        self.scope.flush_all()
+        if outs:
+            yield self._user_rows(outs, instance)

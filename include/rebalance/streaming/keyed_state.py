@@ -28,6 +28,8 @@ from pyspark.sql.types import ArrayType, DataType, LongType, StructField, Struct
 #: Prefix of the instance handle's state variables that hold user variables.
 USER_PREFIX = "u:"
 TIMER_KEYS, TIMER_DUE = "t:keys", "t:due"
+#: The staged write of the key in scope's timer list (user variables stage by their id).
+_TIMERS = -1
 
 
 class ContractError(ValueError):
@@ -234,6 +236,8 @@ class KeyScope:
         self._sizes: dict[int, Any] = {}
         self._cached: dict[int, Any] = {}
         self._staged: dict[int, Callable[[], None]] = {}
+        self._due_cache: dict[int, dict[Any, None]] = {}
+        self._due_dirty: set[int] = set()
         self._timers = handle.getMapState(TIMER_KEYS, self.key_schema,
                                           StructType([StructField("ts", ArrayType(LongType()))]))
         self._due = handle.getMapState(
@@ -350,10 +354,30 @@ class KeyScope:
         return self._key_timers
 
     def _save_timers(self) -> None:
-        if self._key_timers:
-            self._timers.updateValue(self.key, (sorted(self._key_timers),))
-        else:
-            self._timers.removeKey(self.key)
+        key, timers = self.key, self._key_timers
+        self._staged[_TIMERS] = lambda: (
+            self._timers.updateValue(key, (sorted(timers),)) if timers
+            else self._timers.removeKey(key))
+
+    def _due_at(self, ts: int) -> dict[Any, None]:
+        """The keys due at ``ts`` (read once per Spark call; :meth:`flush_all` stores them):
+        timers are often aligned (a window's end), so thousands of keys share one."""
+        if ts not in self._due_cache:
+            held = self._due.getValue((ts,))
+            self._due_cache[ts] = dict.fromkeys(held[0]) if held is not None else {}
+        return self._due_cache[ts]
+
+    def flush_all(self) -> None:
+        """Store every staged write: the key in scope's, and the keys due per timestamp
+        (the host calls it at the end of each of Spark's calls)."""
+        self.flush()
+        for ts in sorted(self._due_dirty):
+            keys = self._due_cache[ts]
+            if keys:
+                self._due.updateValue((ts,), (list(keys),))
+            else:
+                self._due.removeKey((ts,))
+        self._due_cache, self._due_dirty = {}, set()
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
         self._check_timers()
@@ -363,12 +387,12 @@ class KeyScope:
             return
         own.append(ts)
         self._save_timers()
-        due = self._due.getValue((ts,))
-        if due is None:
-            self._due.updateValue((ts,), ([self.key[0]],))
+        due = self._due_at(ts)
+        if not due:
             self.handle.registerTimer(ts)     # the first key due at ts
-        elif self.key[0] not in due[0]:
-            self._due.updateValue((ts,), (list(due[0]) + [self.key[0]],))
+        if self.key[0] not in due:
+            due[self.key[0]] = None
+            self._due_dirty.add(ts)
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
         self._check_timers()
@@ -382,23 +406,21 @@ class KeyScope:
     def _forget_due(self, ts: int) -> None:
         """The current key no longer waits for ``ts``; the instance's timer at ``ts`` is
         deleted once no key (and not the host) waits for it."""
-        due = self._due.getValue((ts,))
-        rest = [k for k in due[0] if k != self.key[0]] if due is not None else []
-        if rest:
-            self._due.updateValue((ts,), (rest,))
-            return
-        self._due.removeKey((ts,))
-        if not self._shared_timer(ts):
+        due = self._due_at(ts)
+        if due.pop(self.key[0], 0) is None:
+            self._due_dirty.add(ts)
+        if not due and not self._shared_timer(ts):
             self.handle.deleteTimer(ts)
 
     def keys_due(self, ts: int) -> list[Any]:
         """Keys whose timer ``ts`` is registered (for the instance's timer at ``ts``);
         forgets ``ts`` in ``t:due``."""
-        due = self._due.getValue((int(ts),))
-        if due is None:
+        due = self._due_at(int(ts))
+        if not due:
             return []
-        self._due.removeKey((int(ts),))
-        return list(dict.fromkeys(due[0]))
+        self._due_cache[int(ts)], keys = {}, list(due)
+        self._due_dirty.add(int(ts))
+        return keys
 
     def take_timer(self, ts: int) -> bool:
         """Whether the current key still has timer ``ts``; removes it (it fires now)."""
