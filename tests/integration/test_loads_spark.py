@@ -58,7 +58,7 @@ def test_window_loads_equal_a_pandas_recomputation_from_either_histogram_table(s
     got = window_loads(spark, N, latest=3, root=root)
     assert [w.replace(tzinfo=None) for w in got.windows] == [pd.Timestamp(s).to_pydatetime()
                                                             for s in starts[-3:]]
-    assert got.imbalance() == pytest.approx(want) and got.versions == versions
+    assert got.imbalances() == pytest.approx(want) and got.versions == versions
     assert got.loads.shape == (3, 5) and (got.loads[:, 3] == 0).all()   # idle instance 3
     # given windows, summed: what verify judges
     two = window_loads(spark, N, starts=[pd.Timestamp(s).to_pydatetime() for s in starts[:2]],
@@ -77,4 +77,4 @@ def test_window_loads_equal_a_pandas_recomputation_from_either_histogram_table(s
                   tables.INSTANCE_HISTOGRAMS, root)
     assert source_table(spark, root) is tables.INSTANCE_HISTOGRAMS
     again = window_loads(spark, N, latest=3, root=root)
-    assert again.imbalance() == pytest.approx(want) and again.versions == versions
+    assert again.imbalances() == pytest.approx(want) and again.versions == versions

@@ -21,12 +21,12 @@ def test_each_window_is_judged_over_the_n_instances_and_an_idle_one_counts_zero(
     w = WindowLoads([_at(0), _at(1), _at(2)],
                     np.array([[3.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0]]),
                     [1, 1, 2], 4)
-    assert w.imbalance() == [3.0, None, 1.0]           # 3 / mean(3, 1, 0, 0) = 3
+    assert w.imbalances() == [3.0, None, 1.0]           # 3 / mean(3, 1, 0, 0) = 3
     assert w.total_imbalance() == pytest.approx(5.0 / (12.0 / 4))
 
 
 def test_an_instance_beyond_n_adds_to_the_max_but_not_to_the_mean():
     w = WindowLoads([_at(0)], np.array([[1.0, 1.0, 1.0, 1.0, 4.0]]), [3], 4)
-    assert w.imbalance() == [4.0]                       # 4 / mean of the first four (1)
-    assert WindowLoads([], np.zeros((0, 4)), [], 4).imbalance() == []
+    assert w.imbalances() == [4.0]                       # 4 / mean of the first four (1)
+    assert WindowLoads([], np.zeros((0, 4)), [], 4).imbalances() == []
     assert WindowLoads([], np.zeros((0, 4)), [], 4).total_imbalance() == 1.0

@@ -413,7 +413,7 @@ def latest_window_imbalance(spark, n_instances: int, n_windows: int
 
     w = window_loads(spark, n_instances, latest=n_windows)
     return [(as_utc(start).isoformat(), value, version)
-            for start, value, version in zip(w.windows, w.imbalance(), w.versions)]
+            for start, value, version in zip(w.windows, w.imbalances(), w.versions)]
 
 
 def status(args: argparse.Namespace) -> int:

@@ -295,13 +295,24 @@ class Metrics:
 
 
 def imbalance(loads: np.ndarray, active: np.ndarray | None = None) -> float:
-    """max load / mean load over the active instances (1.0 when there is no load)."""
+    """max load / mean load over the active instances (1.0 when there is no load).
+
+    The max is over every instance: load left on an instance that is being removed counts."""
     loads = np.asarray(loads, dtype=np.float64)
     act = loads if active is None else loads[active]
-    total = float(act.sum()) if active is not None else float(loads.sum())
-    if total <= 0:
+    total = float(act.sum())
+    if total <= 0 or not len(act):
         return 1.0
     return float(loads.max()) / (total / len(act))
+
+
+def row_imbalance(per_instance: np.ndarray) -> np.ndarray:
+    """:func:`imbalance` of each row of an (R x N) matrix of instance loads, all active."""
+    per_instance = np.atleast_2d(np.asarray(per_instance, dtype=np.float64))
+    total = per_instance.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = per_instance.max(axis=1) / (total / per_instance.shape[1])
+    return np.where(total > 0, out, 1.0)
 
 
 def evaluate(problem: Problem, assignment: np.ndarray) -> Metrics:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from rebalance.core.model import Plan, PlanningError, PlanParams, Problem, evaluate
+from rebalance.core.model import Plan, PlanningError, PlanParams, Problem, evaluate, imbalance
 from rebalance.core.planners import METHODS, get_planner
 from rebalance.core.planners.hash_choices import ROUTINGS, ChoiceRouter, key_ids
 from rebalance.evaluation.flux import FluxPlanner
@@ -107,7 +107,7 @@ def instance_stats(loads: np.ndarray) -> tuple[float, float, float]:
     mean = float(loads.mean()) if len(loads) else 0.0
     if mean <= 0:
         return 1.0, 0.0, 0.0
-    return (float(loads.max()) / mean, float(np.abs(loads - mean).max()) / mean,
+    return (imbalance(loads), float(np.abs(loads - mean).max()) / mean,
             float(loads.var()) / mean ** 2)
 
 

@@ -7,7 +7,7 @@ an instance that received nothing counts as load 0, not as absent, and a row of 
 instance at or above N (written before a change of N) adds to the max but not to the mean.
 
 >>> w = window_loads(spark, n_instances=4, latest=6)         # doctest: +SKIP
->>> w.imbalance()[-1], w.versions[-1]                        # doctest: +SKIP
+>>> w.imbalances()[-1], w.versions[-1]                        # doctest: +SKIP
 (1.073, 5)
 """
 
@@ -44,7 +44,7 @@ class WindowLoads:
         active[:self.n_instances] = True
         return active
 
-    def imbalance(self) -> list[float | None]:
+    def imbalances(self) -> list[float | None]:
         """Each window's imbalance over the N instances (None for a window with no load)."""
         active = self._active()
         return [float(imbalance(row, active)) if row[active].sum() > 0 else None

@@ -216,7 +216,7 @@ def instance_loads(spark, windows: int = 30) -> dict[str, Any]:
         "windows": [_iso(as_utc(x)) for x in w.windows],
         "instances": list(range(w.loads.shape[1])) if w.windows else [],
         "loads": [[float(x) for x in row] for row in w.loads],
-        "imbalance": w.imbalance(),
+        "imbalance": w.imbalances(),
         "versions": w.versions,
     }
 
@@ -256,7 +256,7 @@ def realised_imbalance(spark, windows: int = 60) -> dict[str, Any]:
               for r in records.values() if r.realised_imbalance is not None]
     return {
         "windows": [_iso(as_utc(x)) for x in w.windows],
-        "imbalance": w.imbalance(),
+        "imbalance": w.imbalances(),
         "versions": w.versions,
         "theta": [theta_of.get(v, default_theta) for v in w.versions],
         "default_theta": default_theta,

@@ -31,7 +31,7 @@ from rebalance.core.backtest.history import (
     WindowHistory,
 )
 from rebalance.core.forecast import LoadModel, forecast, scenarios
-from rebalance.core.model import PlanParams, Problem
+from rebalance.core.model import PlanParams, Problem, row_imbalance
 
 
 # --------------------------------------------------------------------------- results
@@ -72,11 +72,7 @@ def window_imbalance(loads: np.ndarray, assignment: np.ndarray, n: int) -> np.nd
     loads = np.atleast_2d(loads)
     r = loads.shape[0]
     flat = (np.arange(r)[:, None] * n + np.asarray(assignment)[None, :]).ravel()
-    per = np.bincount(flat, weights=loads.ravel(), minlength=r * n).reshape(r, n)
-    total = per.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = per.max(axis=1) / (total / n)
-    return np.where(total > 0, out, 1.0)
+    return row_imbalance(np.bincount(flat, weights=loads.ravel(), minlength=r * n).reshape(r, n))
 
 
 class _Chain:

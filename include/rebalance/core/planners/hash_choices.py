@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rebalance.core.model import PlanningError
+from rebalance.core.model import PlanningError, imbalance
 
 #: The Mersenne prime 2^31 - 1: ids below it and a, b below it keep a x + b below 2^62,
 #: exact in uint64.
@@ -213,12 +213,6 @@ def route_by_choices(load, candidates, n_instances: int,
     uniq, inverse = np.unique(pair, return_inverse=True)
     pair_load = np.bincount(inverse, weights=(a_load / q)[seq], minlength=len(uniq))
     return ChoiceRouting(k, n_instances, uniq // n_instances, uniq % n_instances, pair_load)
-
-
-def imbalance(instance_loads: np.ndarray) -> float:
-    """max / mean over all instances (1.0 for no load)."""
-    mean = float(instance_loads.mean()) if len(instance_loads) else 0.0
-    return float(instance_loads.max()) / mean if mean > 0 else 1.0
 
 
 class ChoiceRouter:
