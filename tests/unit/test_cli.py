@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rebalance import cli
+from rebalance.core.defaults import DEFAULT_THETA
 from rebalance.core.placement import default_instances
 
 T0 = pd.Timestamp("2024-01-01T00:00:00Z")
@@ -67,7 +68,7 @@ def test_happy_path(inputs, tmp_path, capsys):
         assert isinstance(doc["metrics"][name], (int, float)), name
         assert not isinstance(doc["metrics"][name], bool)
     assert doc["metrics"]["feasible"] == doc["feasible"]
-    assert doc["parameters"]["theta"] == 0.08 and doc["parameters"]["windows"] == 2
+    assert doc["parameters"]["theta"] == DEFAULT_THETA and doc["parameters"]["windows"] == 2
     assert doc["input"]["windows_used"] == 2 and doc["input"]["keys"] == 61
 
     table = pq.read_table(out / "assignment.parquet")

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from rebalance.cli import main
+from rebalance.core.defaults import DEFAULT_THETA
 
 
 def _histograms(path, windows=10, keys=30, seed=5, flip=False):
@@ -35,7 +36,7 @@ def test_plan_default_chooses_a_load_model_and_records_why(tmp_path, capsys):
     assert lm["requested"] == "auto"
     assert lm["windows_backtested"] == 10
     assert lm["chosen"] != "auto" and lm["reason"]
-    assert 0 < lm["theta_plan"] <= 0.08
+    assert 0 < lm["theta_plan"] <= DEFAULT_THETA
     assert len(lm["candidates"]) >= 3
     assert all("share_within" in c for c in lm["candidates"])
     if not lm["stay"]:
@@ -51,7 +52,7 @@ def test_plan_with_one_window_falls_back_to_todays_mean(tmp_path):
     lm = json.loads((out / "plan.json").read_text())["load_model"]
     assert lm["chosen"] == "mean:windows=1" and "too few to backtest" in lm["reason"]
     assert lm["windows_backtested"] == 1
-    assert lm["theta_plan"] == 0.08
+    assert lm["theta_plan"] == DEFAULT_THETA
 
 
 def test_plan_over_every_window_given_plans_on_their_mean(tmp_path):
@@ -84,7 +85,7 @@ def test_plan_explicit_model_and_theta_plan(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["--load-model", "median"], "--load-model: load model 'median'"),
-    (["--theta-plan", "0.5"], "--theta-plan must be in (0, --theta = 0.08]"),
+    (["--theta-plan", "0.5"], f"--theta-plan must be in (0, --theta = {DEFAULT_THETA}]"),
     (["--headroom-target", "2"], "--headroom-target must be a share in (0, 1]"),
 ])
 def test_plan_refuses_bad_load_model_options(tmp_path, capsys, extra, message):

@@ -24,6 +24,8 @@ import json
 import sys
 from typing import Any
 
+from rebalance.core.defaults import theta_problem
+
 #: Largest ``--to-version`` (Delta versions are Java longs) and ``--lookback-windows``
 #: (a Spark LIMIT, a Java int; no job keeps more windows): checked before Spark starts.
 MAX_VERSION = 2 ** 63 - 1
@@ -176,15 +178,14 @@ def rollback(args: argparse.Namespace) -> int:
 
 def _check_rollback_args(args: argparse.Namespace) -> None:
     """Refuse bad numbers before Spark starts (issue 14): one line, exit 2."""
-    import math
 
     from rebalance.cli import UserError
 
     if not 0 <= args.to_version <= MAX_VERSION:
         raise UserError(f"--to-version must be within [0, {MAX_VERSION}] (a Delta version), "
                         f"got {args.to_version}")
-    if args.theta is not None and not (math.isfinite(args.theta) and args.theta > 0):
-        raise UserError(f"--theta must be a number > 0, got {args.theta}")
+    if args.theta is not None and (problem := theta_problem(args.theta, "--theta")):
+        raise UserError(problem)
     if not 1 <= args.lookback_windows <= MAX_LOOKBACK_WINDOWS:
         raise UserError(f"--lookback-windows must be within [1, {MAX_LOOKBACK_WINDOWS}], "
                         f"got {args.lookback_windows}")

@@ -27,6 +27,8 @@ import math
 import warnings
 from pathlib import Path
 
+from rebalance.core.defaults import theta_problem
+
 #: What ``rebalance backtest --help`` says (for users).
 HELP = """\
 Do plans made on past windows hold in the windows after them? Replays the stored windows
@@ -123,8 +125,8 @@ def _check(args) -> None:
 
     if not 1 <= args.instances <= MAX_INSTANCES:
         raise UserError(f"--instances must be in [1, {MAX_INSTANCES}], got {args.instances}")
-    if not (math.isfinite(args.theta) and args.theta > 0):
-        raise UserError(f"--theta must be a number > 0, got {args.theta}")
+    if problem := theta_problem(args.theta, "--theta"):
+        raise UserError(problem)
     for name in ("history", "horizon", "step"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be >= 1, got {getattr(args, name)}")

@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from rebalance.core.defaults import theta_problem
+
 #: The experiments (``rebalance.evaluation.experiments.EXPERIMENTS`` and ``scale``); listed
 #: here so that building the parser imports neither pandas nor the experiments (1 s of
 #: every ``rebalance`` command's start, measured in issue 11).
@@ -96,8 +98,8 @@ def _check(args) -> None:
                         f"got {args.time_limit}")
     if not 0 <= args.seed <= MAX_SEED:
         raise UserError(f"--seed must be within [0, {MAX_SEED}], got {args.seed}")
-    if args.theta is not None and not (math.isfinite(args.theta) and args.theta > 0):
-        raise UserError(f"--theta must be a number > 0, got {args.theta}")
+    if args.theta is not None and (problem := theta_problem(args.theta, "--theta")):
+        raise UserError(problem)
     if args.intervals is not None and args.intervals > MAX_INTERVALS:
         raise UserError(f"--intervals must be <= {MAX_INTERVALS}, got {args.intervals}")
     if args.experiment == "replay":

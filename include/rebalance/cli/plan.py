@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rebalance.cli.load_model import add_plan_arguments, check_plan_arguments, load_for_plan
+from rebalance.core.defaults import DEFAULT_THETA, theta_problem
 from rebalance.core.methods import METHODS
 
 PLAN_FILE = "plan.json"
@@ -81,8 +82,9 @@ def add_subcommands(subparsers) -> None:
                         "unlisted keys are on their default placement")
     p.add_argument("--method", default="auto", metavar="M",
                    help=f"planner (default auto): {', '.join(METHODS)}")
-    p.add_argument("--theta", type=float, default=0.08, metavar="T",
-                   help="imbalance bound: every instance load <= (1 + T) * mean (default 0.08)")
+    p.add_argument("--theta", type=float, default=DEFAULT_THETA, metavar="T",
+                   help="imbalance bound: every instance load <= (1 + T) * mean (default "
+                        f"{DEFAULT_THETA})")
     p.add_argument("--max-table", type=int, default=None, metavar="A",
                    help="largest routing table (keys off their default placement); default none")
     p.add_argument("--windows", type=int, default=None, metavar="W",
@@ -113,8 +115,8 @@ def _check_args(args: argparse.Namespace):
     if args.instances > MAX_INSTANCES:
         raise UserError(f"--instances must be <= {MAX_INSTANCES} (the key groups of the default "
                         f"placement), got {args.instances}")
-    if not (math.isfinite(args.theta) and args.theta > 0):
-        raise UserError(f"--theta must be a number > 0, got {args.theta}")
+    if problem := theta_problem(args.theta, "--theta"):
+        raise UserError(problem)
     if args.windows is not None and args.windows < 1:
         raise UserError(f"--windows must be >= 1, got {args.windows}")
     if args.max_table is not None and args.max_table < 0:

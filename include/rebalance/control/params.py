@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rebalance.control.errors import InvalidParams
+from rebalance.core.defaults import DEFAULT_THETA
 from rebalance.core.forecast import LOAD_MODELS, LoadModel, LoadModelError
 from rebalance.core.model import PlanParams
 from rebalance.core.planners import METHODS
@@ -213,7 +214,7 @@ class RunParams:
     """The run's params, validated once (the DAG's JSON schema checks each alone first)."""
 
     method: str = "mixed"
-    theta: float = 0.1
+    theta: float = DEFAULT_THETA
     max_table: int | None = 3000
     migration_budget: float | None = 0.5
     lookback_windows: int = 6

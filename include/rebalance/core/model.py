@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from rebalance.core.defaults import DEFAULT_THETA, theta_problem
 from rebalance.core.placement import DEFAULT_KEY_GROUPS
 
 #: Largest N a problem may have: the key groups of the default placement
@@ -229,7 +230,7 @@ class PlanParams:
     warm_start: the MILP's start, one instance per key (None: the current assignment).
     """
 
-    theta: float = 0.08
+    theta: float = DEFAULT_THETA
     beta: float = 1.5
     max_table: int | None = None
     budget_bytes: float | None = None
@@ -244,8 +245,8 @@ class PlanParams:
     warm_start: Any = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.theta, (int, float)) and math.isfinite(self.theta) and self.theta > 0):
-            raise PlanningError(f"theta must be a number > 0, got {self.theta!r}")
+        if problem := theta_problem(self.theta):
+            raise PlanningError(problem)
         if not (math.isfinite(self.beta) and self.beta > 0):
             raise PlanningError(f"beta must be > 0, got {self.beta!r}")
         if self.max_table is not None and self.max_table < 0:

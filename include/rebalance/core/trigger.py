@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rebalance.core.defaults import theta_problem
+
 
 def mldc(imbalance: float) -> float:
     """Seed 004's maximum load distance coefficient for an imbalance (max / mean)."""
@@ -143,9 +145,8 @@ class ThetaTrigger:
     recent: int = 3
 
     def __post_init__(self) -> None:
-        if isinstance(self.theta, bool) or not (isinstance(self.theta, (int, float))
-                                                and math.isfinite(self.theta) and self.theta > 0):
-            raise ValueError(f"theta must be a finite number > 0, got {self.theta!r}")
+        if problem := theta_problem(self.theta):
+            raise ValueError(problem)
         if isinstance(self.recent, bool) or not isinstance(self.recent, (int, np.integer)) \
                 or self.recent < 1:
             raise ValueError(f"recent must be an integer >= 1, got {self.recent!r}")

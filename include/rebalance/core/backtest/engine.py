@@ -30,6 +30,7 @@ from rebalance.core.backtest.history import (
     Policy,
     WindowHistory,
 )
+from rebalance.core.defaults import theta_problem
 from rebalance.core.forecast import LoadModel, forecast, scenarios
 from rebalance.core.model import PlanParams, Problem, row_imbalance
 
@@ -273,8 +274,8 @@ def backtest(history: WindowHistory, policies: Sequence[Policy], theta: float, h
     a policy whose load model is ``auto`` chooses at every step by :func:`choose_online`
     (``auto_options`` are its keyword arguments).
     """
-    if not (isinstance(theta, (int, float)) and math.isfinite(theta) and theta > 0):
-        raise BacktestError(f"theta must be a number > 0, got {theta!r}")
+    if problem := theta_problem(theta):
+        raise BacktestError(problem)
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
         raise BacktestError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
