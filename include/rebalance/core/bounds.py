@@ -2,35 +2,16 @@
 
 Beyond the papers: every plan reports how far it may be from optimal.
 
-The bound relaxes the problem instance by instance. To end with load <= L,
-instance d must shed at least ``L_d - L`` of load, and only keys now on d can
-leave it. The cheapest way to shed that much, even allowing fractions of
-keys, is the fractional knapsack that takes keys by increasing state per unit
-of load. Keys on drained or removed instances must all move. Summing over
-instances gives a bound no assignment can beat (instances shed disjoint key
-sets), and it is exactly the LP relaxation of "each overloaded instance sheds
-its excess".
-
-With ``max_table`` (A_max) the bound also accounts for the routing table, through
-the Lagrangian dual of one more relaxed constraint. Let T0 be the keys now off their
-default instance (excluding keys that must move), m_k = 1 if key k moves. A key at
-home that moves enters the table; a table key that stays stays in it; a table key
-that moves may leave it (only by going home). So every plan with table <= A_max has
-
-    sum_{k at home} m_k - sum_{k in table, default active} m_k <= A_max - T0.
-
-Relaxing m_k to [0, 1], the LP "shed every excess, meet this inequality" is a
-relaxation of every plan meeting L_max and A_max. For any multiplier mu >= 0 its
-Lagrangian ``g(mu) = -mu (A_max - T0) + sum_d knapsack_d(costs s_k + mu at home,
-s_k - mu in the table) + sum_{table keys elsewhere} min(0, s_k - mu)`` is <= the LP
-optimum (weak duality), so any mu gives a valid bound; mu = 0 is the table-free
-bound. ``g`` is concave: a golden-section search over mu picks a good one. A
-knapsack with negative costs takes every negative-cost key whole (it may shed more
-than the excess), then the cheapest per unit of load.
-
-Cost: only the keys of overloaded instances are looked at, and of those only the
-cheapest few per instance are sorted (``np.argpartition`` with a growing prefix),
-so at 10^6 keys the bound costs a few linear passes instead of a full sort.
+The bound relaxes the problem instance by instance. To end with load <= L, instance d
+must shed at least ``L_d - L`` of load, and only keys now on d can leave it. The cheapest
+way to shed that much, even allowing fractions of keys, is the fractional knapsack that
+takes keys by increasing state per unit of load. Keys on drained or removed instances
+must all move. Summing over instances gives a bound no assignment can beat (instances
+shed disjoint key sets): the LP relaxation of "each overloaded instance sheds its
+excess". With ``max_table`` (A_max) the bound also accounts for the routing table
+(:func:`_table_bound`); :func:`cover_lower_bound` keeps keys whole. Only the keys of
+overloaded instances are looked at, and of those only the cheapest few per instance are
+sorted, so at 10^6 keys a bound costs a few linear passes instead of a full sort.
 """
 
 from __future__ import annotations
@@ -134,8 +115,8 @@ def migration_lower_bound(problem: Problem, max_load: float,
 
 def table_cannot_bind(problem: Problem, max_load: float, max_table: int) -> bool:
     """True when the table-aware bound (``rebalance.core.bounds``) equals the plain one, so
-    ``finish_plan`` (``rebalance.core.planners.base``) can skip its multiplier search (about
-    1 s at 10^6 keys).
+    ``finish_plan`` (``rebalance.core.planners.base``) can skip its multiplier search (dozens
+    of fractional knapsacks).
 
     The plain bound is the optimum of the LP "every overloaded instance sheds its
     excess", solved by a fractional knapsack per instance that touches, in increasing
@@ -192,7 +173,24 @@ def _signed_shed_cost(load: np.ndarray, cost: np.ndarray, excess: float) -> floa
 
 
 def _table_bound(problem: Problem, max_load: float, max_table: int) -> float:
-    """The Lagrangian bound with the routing-table inequality (module docstring)."""
+    """The Lagrangian bound with the routing-table inequality.
+
+    Let T0 be the keys now off their default instance (excluding keys that must move),
+    m_k = 1 if key k moves. A key at home that moves enters the table; a table key that
+    stays stays in it; a table key that moves may leave it (only by going home). So every
+    plan with table <= A_max has
+
+        sum_{k at home} m_k - sum_{k in table, default active} m_k <= A_max - T0.
+
+    Relaxing m_k to [0, 1], the LP "shed every excess, meet this inequality" is a
+    relaxation of every plan meeting L_max and A_max. For any multiplier mu >= 0 its
+    Lagrangian ``g(mu) = -mu (A_max - T0) + sum_d knapsack_d(costs s_k + mu at home,
+    s_k - mu in the table) + sum_{table keys elsewhere} min(0, s_k - mu)`` is <= the LP
+    optimum (weak duality), so any mu gives a valid bound; mu = 0 is the table-free
+    bound. ``g`` is concave: a golden-section search over mu picks a good one. A
+    knapsack with negative costs takes every negative-cost key whole (it may shed more
+    than the excess), then the cheapest per unit of load.
+    """
     plain = migration_lower_bound(problem, max_load)
     if not np.isfinite(plain) or problem.n_keys == 0:
         return plain
@@ -260,9 +258,9 @@ COVER_TIME_LIMIT = 0.3
 #: Seconds for all the covers of one bound; instances left when it is spent keep their
 #: fractional knapsack (still valid), so the bound's cost stays small on any input.
 COVER_TOTAL_SECONDS = 1.0
-#: Largest instance (keys) whose cover is solved: HiGHS does not keep its time limit on
-#: one-row knapsacks of many thousand columns (measured: 11.6 s at 15 000 keys with a
-#: 0.3 s limit); larger instances keep their fractional knapsack.
+#: Largest instance (keys) whose cover is solved: HiGHS overruns its time limit by far on
+#: one-row knapsacks of many thousand columns; larger instances keep their fractional
+#: knapsack.
 COVER_MAX_INSTANCE_KEYS = 5_000
 
 

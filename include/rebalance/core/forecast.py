@@ -1,26 +1,11 @@
 """Load models: the per-key loads a plan is made for, from the per-window loads before it.
 
 A plan is judged on the windows *after* it (``rebalance backtest``), so what it is planned
-on is a forecast of those windows. Every model reads ``series``, a W x K array of
-per-window key loads (oldest window first, a key absent from a window has load 0), and
-returns the K planning loads (:func:`forecast`) or S x K load scenarios
-(:func:`scenarios`) that every plan must keep within its bound:
-
-* ``mean`` (today's planning): the mean of the last ``windows`` windows;
-* ``ewm``: exponentially weighted mean, weight 2^(-age / halflife) with age 0 for the
-  latest window (``halflife`` in windows);
-* ``quantile``: each key's ``quantile`` (linear interpolation) over the last windows;
-* ``max``: each key's maximum over the last windows;
-* ``seasonal``: the mean of the same slot in earlier periods: the windows ``period``,
-  ``2 * period``, ... before the planned one, as far back as ``windows`` reaches (at
-  least one period back; with ``windows`` None every period in the series);
-* ``robust``: seed 001's robust view (its m windows): every one of the last ``windows``
-  windows is a scenario and the plan must keep each within the bound, against that
-  window's own mean; :func:`forecast` gives their mean (what the plan is reported on).
-  With a ``period``, the scenarios are the same slot in earlier periods (the windows
-  ``seasonal`` averages): every one of them within the bound;
-* ``auto``: not a model but the choice of one by backtest
-  (:func:`rebalance.core.backtest.choose`); :func:`forecast` refuses it.
+on is a forecast of those windows. Every model (:class:`LoadModel`: mean, ewm, quantile,
+max, seasonal, robust) reads ``series``, a W x K array of per-window key loads (oldest
+window first, a key absent from a window has load 0), and returns the K planning loads
+(:func:`forecast`) or S x K load scenarios (:func:`scenarios`) that every plan must keep
+within its bound. The models side by side: ``docs/planning.md``, "Plans that hold".
 
 Pure numpy: no pandas, Spark or Airflow.
 """
@@ -54,7 +39,24 @@ class LoadModelError(ValueError):
 
 @dataclass(frozen=True)
 class LoadModel:
-    """How the planning loads are made from the windows before a plan (module docstring)."""
+    """How the planning loads are made from the windows before a plan.
+
+    * ``mean`` (today's planning): the mean of the last ``windows`` windows;
+    * ``ewm``: exponentially weighted mean, weight 2^(-age / halflife) with age 0 for the
+      latest window (``halflife`` in windows);
+    * ``quantile``: each key's ``quantile`` (linear interpolation) over the last windows;
+    * ``max``: each key's maximum over the last windows;
+    * ``seasonal``: the mean of the same slot in earlier periods: the windows ``period``,
+      ``2 * period``, ... before the planned one, as far back as ``windows`` reaches (at
+      least one period back; with ``windows`` None every period in the series);
+    * ``robust``: the ELB/CLB paper's robust view (its m windows): every one of the last
+      ``windows`` windows is a scenario and the plan must keep each within the bound,
+      against that window's own mean; :func:`forecast` gives their mean (what the plan is
+      reported on). With a ``period``, the scenarios are the same slot in earlier periods
+      (the windows ``seasonal`` averages): every one of them within the bound;
+    * ``auto``: not a model but the choice of one by backtest
+      (:func:`rebalance.core.backtest.choose`); :func:`forecast` refuses it.
+    """
 
     name: str = "mean"
     windows: int | None = None

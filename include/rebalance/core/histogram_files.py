@@ -94,9 +94,9 @@ def _read_parquet(path: Path, what: str, columns):
     """The ``columns`` present in a Parquet file or a flat directory of Parquet files
     (others are not read; files named ``.*`` or ``_*`` are skipped, as Spark writes them).
 
-    ``pyarrow.parquet.ParquetFile`` reads them: importing ``pyarrow.dataset`` alone costs
-    0.45 s of CPU, a quarter of the 2 s budget of a plan at 10^6 keys. A directory with
-    subdirectories (partitions) goes through ``pyarrow.dataset``.
+    ``pyarrow.parquet.ParquetFile`` reads them: importing ``pyarrow.dataset`` alone costs a
+    large share of the time budget of a plan at 10^6 keys (``docs/planning.md``, "Scale").
+    A directory with subdirectories (partitions) goes through ``pyarrow.dataset``.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq

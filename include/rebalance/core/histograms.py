@@ -1,52 +1,17 @@
 """Key histograms -> planning problem: read, validate, aggregate.
 
-Input rows (one or more per window and key) have the columns
-
-* ``window_start`` (timestamp), ``key`` (string), ``count`` (int64, events),
-* optionally ``cost`` (double, default ``count``) and ``state_bytes`` (int64, default
-  ``count``); any other column (the streaming job's ``key_histograms`` table also has
-  ``instance, default_instance, key_group, partition_id, assignment_version, batch_id``)
-  is ignored.
-
-Aggregation (the same choices as :func:`rebalance.control.inputs.load_problem`):
-
-* several rows of one (window, key) are merged: ``count`` and ``cost`` are summed,
-  ``state_bytes`` takes the maximum (rows of one window are partial reports of the
-  same key state, e.g. one per micro-batch or per instance after a move);
-* only the last ``windows`` distinct windows are planned over (all of them if fewer exist);
-* load of a key = **mean** cost per window over those windows (a window in which the
-  key is absent counts 0), so loads keep the unit "cost per window" whatever W is;
-* state of a key = its ``state_bytes`` in the **latest** of those windows in which it
-  appears: the job keeps a sliding window of state and reports what a key holds at each
-  window close, so the latest report is what a migration would move (seed 003 S(k, w));
-* keys seen only before the planned windows, and keys only in the assignment file, are
-  still planned (every key of the input gets an instance) with load 0 and state 0.
-
-Current instance of a key = the assignment file's instance, else the default placement
-(:mod:`rebalance.core.placement`). Keys are sorted (by their UTF-8 bytes, which is code point
-order), so the problem (and a deterministic planner's plan) depends only on the input's
-content, not on row order.
-
-Checked before any work (:class:`InputError`, one line): required columns, nulls,
-timestamps, every ``count``/``cost``/``state_bytes`` finite and >= 0, each column's
-total at most :data:`MAX_TOTAL`, N within :data:`rebalance.core.model.MAX_INSTANCES`, the
-assignment's instances in [0, N) and its keys listed once.
-
-Speed (issue 11). Rows stay columns: a pyarrow table (Parquet and CSV are read with
-pyarrow, only the columns used) or a pandas frame (the DAG's Spark result) becomes one
-string array of keys and numpy arrays; nothing loops over rows or keys in Python. The
-histogram and assignment keys are sorted together by
-:func:`rebalance.core.key_order.string_order` (a radix-like sort on 8-byte big-endian
-prefixes of their UTF-8 bytes), which also finds the distinct keys and where every row's
-key is (:func:`rebalance.core.key_order.sorted_keys`, no hash table); merging is
-``np.bincount`` and ``np.maximum.at`` on (window, key) positions; the default placement
-hashes the keys' UTF-8 buffers in numpy (:func:`rebalance.core.placement.spark_hash_strings`).
-Measured at 10^6 keys, one window: about 0.4 s of CPU from the Parquet file to the
-problem (``docs/planning.md``, "Scale").
-
-Pure pyarrow/numpy (pandas only for pandas input, CSV timestamps that need parsing and
-the DataFrame-returning helpers); Spark is imported lazily and only for a Delta table
-directory.
+Rows (``window_start``, ``key``, ``count``, optionally ``cost`` and ``state_bytes``; one
+or more per window and key) become a :class:`rebalance.core.model.Problem` with the same
+choices as :func:`rebalance.control.inputs.load_problem`: over the last ``windows``
+distinct windows a key's load is its **mean** cost per window (absent = 0) and its state
+its ``state_bytes`` in the **latest** window in which it appears (what a migration would
+move); rows of one (window, key) are merged (costs summed, state the maximum). Keys not in
+the assignment are on their default placement (:mod:`rebalance.core.placement`) and keys
+are sorted by their UTF-8 bytes, so the problem does not depend on row order. Every column
+is checked before any work (:class:`InputError`, one line). The choices in full, and how
+this stays fast at 10^6-10^7 keys: ``docs/planning.md``, "Aggregation" and "Scale".
+Pure pyarrow/numpy (pandas for pandas input, CSV timestamps that need parsing and the
+DataFrame helpers); Spark is imported lazily, only for a Delta table directory.
 """
 
 from __future__ import annotations
@@ -119,7 +84,7 @@ def _key_array(col, what: str):
     values = col.to_numpy(dtype=object)
     try:
         return pa.array(values, type=pa.large_string())
-    except (pa.ArrowException, TypeError, ValueError):  # numbers, ...: their str(), as before
+    except (pa.ArrowException, TypeError, ValueError):  # numbers, ...: their str()
         return pa.array(col.astype(str).to_numpy(dtype=object), type=pa.large_string())
 
 
@@ -173,8 +138,8 @@ def _parse_times(series, mixed: bool = False) -> np.ndarray:
 
 def _numpy(arr, dtype) -> np.ndarray:
     """A pyarrow int64 or float64 array (chunked or not, no nulls) as numpy, read from its
-    buffers: pyarrow's own conversions import pandas (0.2-0.3 s of CPU, 0.6-0.9 s of wall
-    time on this machine, a third of the 2 s budget of a plan at 10^6 keys)."""
+    buffers: pyarrow's own conversions import pandas, a large share of the time budget of
+    a plan at 10^6 keys (``docs/planning.md``, "Scale")."""
     dtype = np.dtype(dtype)
     chunks = arr.chunks if hasattr(arr, "chunks") else [arr]
     parts = [np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c),

@@ -42,9 +42,9 @@ def string_order(keys, distinct: bool = False):
     big-endian uint64 (zero past the end of a key), then only the keys still tied are
     ordered by their next 8 bytes within their tie, and so on; keys equal on every byte
     they have are ordered by length (a key before its extensions with NUL bytes). For keys
-    of up to 8 bytes one ``argsort`` of uint64 does all the work: 10^6 keys take about
-    0.03 s of CPU, where sorting them as Python strings takes 0.6 s (``sorted``) to 1.8 s
-    (``np.sort`` of objects). With ``distinct`` also returns a boolean array over the
+    of up to 8 bytes one ``argsort`` of uint64 does all the work, far faster than sorting
+    them as Python strings (``sorted``, ``np.sort`` of objects; figures:
+    ``docs/planning.md``, "Scale"). With ``distinct`` also returns a boolean array over the
     sorted positions: True where a key differs from the one before (equal keys end up
     next to each other).
     """
@@ -114,8 +114,8 @@ def sorted_keys(*arrays):
     Returns (the distinct keys, sorted, as a pyarrow large_string array; for each input
     array an int64 array of the positions of its items in those keys). All items are
     sorted together by :func:`string_order`, which also tells equal neighbours apart, so
-    no hash table is built (measured: sorting 2 x 10^6 short keys costs 0.1 s of CPU,
-    ``pyarrow.compute.dictionary_encode`` alone 0.25 s).
+    no hash table is built (the sort costs less than ``pyarrow.compute.dictionary_encode``
+    alone).
     """
     import pyarrow as pa
 

@@ -6,13 +6,13 @@ Vocabulary (one name per concept, the same in code, tables and docs):
 * instance: one of the N parallel workers of the keyed operator, 0..N-1.
 * window: one histogram interval; a problem aggregates the last W windows.
 * load c(k): events (or cost) of key k per window, averaged over the windows.
-* state S(k): state bytes of key k, summed over the windows (seed 003 S(k, w)).
+* state S(k): state bytes of key k, summed over the windows (Fang et al.'s S(k, w)).
 * assignment F: key -> instance. The default placement h(k) comes from
-  :mod:`rebalance.core.placement`; the routing table is the set of keys with
-  F(k) != h(k) and its size is the table size.
+  :mod:`rebalance.core.placement`; the routing table is the set of keys with F(k) != h(k)
+  and its size is the table size.
 * imbalance: max instance load / mean load over the active instances.
-* migration: state of the keys whose instance changes, as bytes and as a
-  fraction of the total state.
+* migration: state of the keys whose instance changes, as bytes and as a fraction of the
+  total state.
 
 Planning is pure numpy: no Spark or Airflow import may appear in this package.
 """
@@ -54,8 +54,8 @@ def _as_array(name: str, values, dtype) -> np.ndarray:
 
 def _strictly_increasing(keys: np.ndarray) -> bool:
     """Sorted distinct keys (what ``rebalance.core.histograms`` builds) are unique for free: one
-    comparison per neighbour pair (10 ms at 10^6 keys, where ``np.unique`` of objects
-    takes 0.35 s). False for anything else, including keys that do not compare."""
+    comparison per neighbour pair, far cheaper than ``np.unique`` over objects. False for
+    anything else, including keys that do not compare."""
     try:
         return bool((keys[1:] > keys[:-1]).all())
     except TypeError:
@@ -70,10 +70,10 @@ class Problem:
     must move); ``drain`` names instances that must end empty; instances
     beyond the current maximum are new, empty instances (scale-out).
     ``load_series`` (W x K) is the per-window load, needed by CLB only.
-    ``key_group`` is the key group of each key (seed 001 substreams).
+    ``key_group`` is the key group of each key (the ELB/CLB paper's substreams).
     ``scenarios`` (S x K, None: the single ``load``) are load scenarios that every
-    instance must keep within the bound, each against its own mean (seed 001's robust
-    view over m windows; :mod:`rebalance.core.forecast`): planners that support them (mixed,
+    instance must keep within the bound, each against its own mean (the ELB/CLB paper's
+    robust view over m windows; :mod:`rebalance.core.forecast`): planners that support them (mixed,
     greedy, milp, auto) plan for all at once, and :func:`evaluate` reports the worst
     scenario's imbalance.
     """
@@ -213,14 +213,14 @@ class PlanParams:
     """Planner parameters, validated once.
 
     theta: imbalance bound, every instance load <= (1 + theta) * mean.
-    beta: exponent of seed 003's gamma(k) = c(k)^beta / S(k).
+    beta: exponent of Fang et al.'s gamma(k) = c(k)^beta / S(k).
     max_table: A_max, bound on the routing table size (None: unbounded).
     budget_bytes / budget_keys: migration budget (None: unbounded).
     time_limit: seconds for planners that search (MILP, auto).
 
     Options of one planner each (the others ignore them):
 
-    clb_threshold: CLB's correlation threshold in [0, 1) (seed 001; not ``theta``).
+    clb_threshold: CLB's correlation threshold in [0, 1) (the ELB/CLB paper; not ``theta``).
     llfd_resolution_bits: mantissa bits of the compact representation of MinTable /
         MinMig / Mixed: ``"auto"`` (exact up to a size, then coarser), None (exact) or a
         number of bits.

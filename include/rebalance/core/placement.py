@@ -1,22 +1,19 @@
 """Default placement of keys on instances: key groups over a consistent hash.
 
-This module is the single definition of where a key goes when no routing-table
-entry says otherwise. The Spark side computes exactly the same thing:
+This module is the single definition of where a key goes when no routing-table entry says
+otherwise. The Spark side computes exactly the same thing:
 
-* ``key_group(key) = pmod(hash(key), G)`` where ``hash`` is Spark SQL's
-  ``hash()`` (Murmur3 x86_32, seed 42, over the UTF-8 bytes, with Spark's own
-  byte-at-a-time tail). :func:`spark_hash_strings` reproduces it with numpy over
-  the UTF-8 buffers of all keys at once (pyarrow holds or makes those buffers; no
-  Python work per key: 10^7 keys in about 0.7 s of CPU) and is tested against Spark
-  on the same keys, unicode and 4 KiB keys included
-  (``tests/integration/test_placement_spark.py``).
-* ``default_instance = group_instance(key_group, N)``: jump consistent hash of
-  the key group (Lamping & Veach), so changing N from n to n+1 moves only about
-  1/(n+1) of the key groups instead of reshuffling every key.
+* ``key_group(key) = pmod(hash(key), G)`` where ``hash`` is Spark SQL's ``hash()``
+  (Murmur3 x86_32, seed 42, over the UTF-8 bytes, with Spark's own byte-at-a-time tail).
+  :func:`spark_hash_strings` reproduces it with numpy over the UTF-8 buffers of all keys
+  at once (no Python work per key) and is tested against Spark on the same keys, unicode
+  and 4 KiB keys included (``tests/integration/test_placement_spark.py``).
+* ``default_instance = group_instance(key_group, N)``: jump consistent hash of the key
+  group (Lamping & Veach), so changing N from n to n+1 moves only about 1/(n+1) of the key
+  groups instead of reshuffling every key.
 
 G (``DEFAULT_KEY_GROUPS``) is fixed for the lifetime of a job, like Flink's max
-parallelism: it bounds the useful parallelism and is the unit of the
-substream planners (ELB/CLB of seed 001).
+parallelism: it bounds the useful parallelism and is the unit of ELB and CLB.
 """
 
 from __future__ import annotations
@@ -108,7 +105,7 @@ def utf8_buffers(keys) -> tuple[np.ndarray, np.ndarray]:
     ``keys`` is a pyarrow string array (chunked or not: its own buffers are used, no
     copy of the bytes) or any sequence or numpy array of keys, converted by pyarrow in
     compiled code. Values that are not strings (or nulls) fall back to ``str(key)``, one
-    by one, as before this function existed.
+    by one.
     """
     data, offsets = _raw_buffers(_string_array(keys))
     return data, offsets.astype(np.int64, copy=False)
@@ -160,8 +157,8 @@ def spark_hash_strings(keys, seed: int = SPARK_HASH_SEED) -> np.ndarray:
     decreasing number of whole words, so word j of every key that has one is a prefix of
     that order, read in one gather from an unaligned uint32 view of the bytes. The cost
     is one pass of uint32 arithmetic per word position over the keys that long, i.e.
-    proportional to the total bytes (10^6 keys of 7 bytes: about 0.05 s; 10^7: 0.6 s),
-    with no Python work per key. ``keys``: see :func:`utf8_buffers`.
+    proportional to the total bytes, with no Python work per key (timings:
+    ``docs/planning.md``, "Scale"). ``keys``: see :func:`utf8_buffers`.
     """
     data, offsets = utf8_buffers(keys)
     n = len(offsets) - 1

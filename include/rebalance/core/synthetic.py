@@ -1,37 +1,18 @@
-"""Seed 003's synthetic workload: Zipf loads that fluctuate between intervals, and state sizes.
+"""Fang et al.'s synthetic workload: Zipf loads that fluctuate between intervals, and state sizes.
 
-Pure numpy, deterministic for a seed, fast at K = 10^6 keys.
+Pure numpy, deterministic for a seed, fast at K = 10^6 keys. Keys ``k0 .. k{K-1}`` get
+Zipf(z) frequencies; each interval swaps the frequencies of random key pairs on different
+instances (:func:`fluctuate`) until some instance's load changed by ``f`` mean loads. A
+key's load is its expected event count per interval (no sampling noise, so planners are
+compared on the model itself); :class:`rebalance.streaming.generator.EventGenerator` uses
+the same frequencies (same seeds), so the streaming job sees this very workload.
 
-Loads. Keys ``k0 .. k{K-1}`` get Zipf(z) frequencies (rank r has weight ``1 / r^z``)
-through a seeded random rank order. Interval i > 0 derives from interval i - 1 by the
-fluctuation model of seed 003 (:func:`fluctuate`): swap the frequencies of random key
-pairs on different instances (first key drawn by frequency, so hot keys move; second
-uniformly) until some instance's load under the default placement changed by at least
-``f`` mean loads, ``max_d |L_i(d) - L_{i-1}(d)| / mean >= f``, or ``10 * K`` pairs were
-tried. The load of a key in an interval is its expected event count
-``frequency * events_per_interval`` (a float: no sampling noise, so planners are compared
-on the model itself). :class:`rebalance.streaming.generator.EventGenerator` uses the
-same frequencies (same seeds), so the streaming job sees this very workload.
-
-State. Seed 003's S(k, w) is the state of key k over a sliding window: the tuples it
-received in its last ``w`` intervals. ``SyntheticConfig.state_window`` is that w. The
-state a key holds at the end of interval i is
-
-    state_i(k) = key_overhead + bytes_per_event * size_factor(k) * sum_{j=max(0, i-w+1)}^{i} load_j(k)
-
-a fixed cost per key (its entry in the state store) plus the bytes of the events it
-keeps; the first intervals (i < w - 1) sum the intervals that exist. Each key has a fixed
-log-normal record-size factor (mean 1, shape ``state_sigma``) drawn once from the seed;
-it makes state and load only loosely correlated, so the planners' key orders differ
-(seed 003's gamma = c^beta / S would otherwise be a function of c alone). Loads (and so
-the planners' load bounds) do not depend on w.
-
-``state_window = 1`` (the library default) is the current-interval model: the state is
-that of interval i only, so a key whose load moved away holds little state. It is the
-model of the evaluation package's ``zipf_trace``, which takes the config defaults.
-:data:`SEED003_STATE_WINDOW` (w = 10) is the window the planner benchmark's seed 003
-scenarios use by default (``include/benchmarks/plan_benchmark.py``): under it a key that
-was recently hot still holds a lot of state, as in the paper.
+State is the paper's S(k, w): a fixed cost per key plus its events over its last ``w``
+intervals (``SyntheticConfig.state_window``) times a per-key record-size factor. w = 1,
+the default, is the current-interval model of the evaluation package;
+:data:`SEED003_STATE_WINDOW` (w = 10) is the planner benchmark's, under which a recently
+hot key still holds a lot of state, as in the paper. The model in full:
+``docs/planning.md``, "Synthetic workload".
 """
 
 from __future__ import annotations
@@ -45,7 +26,7 @@ from rebalance.core.model import Problem
 from rebalance.core.placement import default_instances
 
 CHUNK = 256  # pairs drawn per round; part of the random stream, so part of the behaviour
-#: Seed 003's sliding state window S(k, w) as used by the planner benchmark (w = 10).
+#: The w of the sliding state window S(k, w) that the planner benchmark uses (w = 10).
 SEED003_STATE_WINDOW = 10
 
 
@@ -66,7 +47,8 @@ def fluctuate(freq: np.ndarray, instances: np.ndarray, n_instances: int, target:
     Pairs are drawn ``CHUNK`` at a time from the frequencies at the start of the round
     (first key by frequency, second uniformly) and applied in order; a pair is skipped when
     both keys are on the same instance or have equal frequencies; every pair drawn counts
-    towards ``max_swaps``. This is the model of the former pure-Python loop, made fast:
+    towards ``max_swaps``. The same model as drawing and swapping one pair at a time, made
+    fast:
 
     * the draw by frequency costs O(CHUNK log K), not O(K): the cumulative sum of the
       frequencies is kept from an earlier round, and a draw that lands on a key changed
@@ -166,11 +148,11 @@ def state_sizes(load: np.ndarray, size_factor: np.ndarray, bytes_per_event: floa
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    """Seed 003's synthetic workload (defaults: its defaults, z = 0.85, f = 1, K = 10^4, N = 15).
+    """Fang et al.'s synthetic workload (defaults: the paper's, z = 0.85, f = 1, K = 10^4, N = 15).
 
     The state window defaults to 1 (current-interval state, what the evaluation package
-    expects); seed 003's S(k, w) with its sliding window is ``state_window=
-    SEED003_STATE_WINDOW`` (10), the default of the planner benchmark's seed 003 scenarios.
+    expects); the paper's S(k, w) with its sliding window is ``state_window=
+    SEED003_STATE_WINDOW`` (10), the default of the planner benchmark's scenarios.
     """
 
     n_keys: int = 10_000
@@ -181,7 +163,7 @@ class SyntheticConfig:
     bytes_per_event: float = 64.0
     key_overhead: float = 512.0
     state_sigma: float = 0.5
-    #: w of seed 003's S(k, w): state = the key's events over its last w intervals
+    #: w of the paper's S(k, w): state = the key's events over its last w intervals
     #: (1 = the current interval only; the benchmark uses SEED003_STATE_WINDOW = 10).
     state_window: int = 1
     seed: int = 0
@@ -262,7 +244,8 @@ class SyntheticWorkload:
         return total
 
     def state(self, interval: int) -> np.ndarray:
-        """Seed 003's S(k, w) at the end of ``interval`` (module docstring), w = state_window."""
+        """Fang et al.'s S(k, w) at the end of ``interval``, w = state_window: the key's fixed
+        cost plus its events over the window times its record size."""
         c = self.config
         return state_sizes(self.window_events(interval), self.size_factor, c.bytes_per_event,
                            c.key_overhead)

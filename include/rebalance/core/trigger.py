@@ -6,26 +6,10 @@ Three pure decisions, each a :class:`Decision` with one reason for every rule th
 * :class:`ThetaTrigger` (the default ``trigger_rule`` ``theta``): plan when a majority of
   the most recent windows exceed the bound the user set, ``1 + theta``, under the live
   assignment;
-* :class:`TriggerPolicy` (``trigger_rule`` ``seed004``): the trigger conditions of seed 004
-  (Maric et al., Sec. 3.2, Table 1), below;
+* :class:`TriggerPolicy` (the other ``trigger_rule``): the trigger rules of the MLDC
+  paper (Maric et al., Sec. 3.2, Table 1);
 * :class:`GainGate`: apply a plan only when, replayed on held-out recent windows, it
   beats keeping the live assignment by at least ``min_gain`` of mean realised imbalance.
-
-Seed 004 measures imbalance as the maximum load distance coefficient,
-``MLDC = max_i (L_i - mean) / mean = imbalance - 1``, and redistributes only when all
-of these hold:
-
-1. MLDC > ``threshold`` (0.5);
-2. at least ``min_items`` items (1000) were processed in the horizon, so the loads are
-   measured precisely enough;
-3. no redistribution in the last ``cooldown`` periods (3 periods of D = 10 s), so at
-   most one every ``cooldown * D``: allowed once ``periods_since_last >= cooldown``;
-4. the candidate plan improves MLDC by more than ``min_improvement`` (0.3), so a plan is
-   computed before deciding.
-
-:meth:`TriggerPolicy.decide` is pure: it returns a :class:`Decision` with one reason
-for every rule that blocks. ``force`` triggers regardless; the reasons then record what
-was overridden.
 """
 
 from __future__ import annotations
@@ -39,7 +23,7 @@ from rebalance.core.defaults import theta_problem
 
 
 def mldc(imbalance: float) -> float:
-    """Seed 004's maximum load distance coefficient for an imbalance (max / mean)."""
+    """The MLDC paper's maximum load distance coefficient for an imbalance (max / mean)."""
     return imbalance - 1.0
 
 
@@ -64,7 +48,20 @@ class Decision:
 
 @dataclass(frozen=True)
 class TriggerPolicy:
-    """Seed 004's trigger rules with the paper's defaults (Table 1)."""
+    """The MLDC paper's trigger rules, with the paper's defaults (Table 1).
+
+    The paper measures imbalance as the maximum load distance coefficient,
+    ``MLDC = max_i (L_i - mean) / mean = imbalance - 1``, and redistributes only when all
+    of these hold:
+
+    1. MLDC > ``threshold`` (0.5);
+    2. at least ``min_items`` items (1000) were processed in the horizon, so the loads are
+       measured precisely enough;
+    3. no redistribution in the last ``cooldown`` periods (3 periods of D = 10 s), so at
+       most one every ``cooldown * D``: allowed once ``periods_since_last >= cooldown``;
+    4. the candidate plan improves MLDC by more than ``min_improvement`` (0.3), so a plan is
+       computed before deciding.
+    """
 
     threshold: float = 0.5
     min_items: int = 1000
@@ -114,7 +111,8 @@ class TriggerPolicy:
         return Decision(trigger=not reasons, reasons=reasons)
 
 
-#: The trigger rules a run can use (run param ``trigger_rule``).
+#: The trigger rules a run can use (run param ``trigger_rule``): :class:`ThetaTrigger` and
+#: :class:`TriggerPolicy`.
 TRIGGER_RULES = ("theta", "seed004")
 
 

@@ -39,7 +39,7 @@ from rebalance.core.model import PlanParams, Problem, row_imbalance
 @dataclass
 class BacktestResult:
     """``steps``: one row per (policy, step, judged window); ``summary``: one per policy
-    and baseline (module docstring)."""
+    and baseline (what they measure: ``docs/planning.md``, "Plans that hold")."""
 
     steps: pd.DataFrame
     summary: pd.DataFrame
@@ -266,7 +266,7 @@ def backtest(history: WindowHistory, policies: Sequence[Policy], theta: float, h
              params: PlanParams | None = None, initial: np.ndarray | None = None,
              oracle_windows: int = ORACLE_WINDOWS, oracle_grid: Sequence[float] | None = None,
              baseline_method: str = "mixed", auto_options: dict | None = None) -> BacktestResult:
-    """Replay ``history`` (module docstring) for ``policies`` and ``baselines``.
+    """Replay ``history`` for ``policies`` and ``baselines`` (:mod:`rebalance.core.backtest`).
 
     ``start``: first planning step (default: the most windows any policy needs);
     ``initial``: the assignment before the first step (default: the default placement);

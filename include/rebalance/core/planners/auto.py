@@ -1,49 +1,16 @@
-"""The default planner: seed 003's Mixed, then as much more search as can pay off.
+"""The default planner: Fang et al.'s Mixed, then as much more search as can pay off.
 
-Why (measured by ``include/benchmarks/plan_benchmark.py`` and ``auto_benchmark.py``, see
-``docs/planning.md``): Mixed is fast at any size and keeps the routing table within
-A_max, but on seed 003's workload it moves about 1.3-1.7x the state of the migration
-lower bound; the MILP of seed 002 (warm-started) gets close to the bound on 10^4 keys,
-but it needs seconds, and most of what it finds the integer knapsack covers of
+Mixed is fast at any size and keeps the routing table within A_max, but moves more state
+than the migration lower bound needs; the MILP of Madsen et al. (warm-started) gets close
+to the bound but needs seconds, and most of what it finds the integer knapsack covers of
 :mod:`rebalance.core.bounds` already give. So auto climbs a ladder and stops at the first
-rung that is good enough (issue 11: "stop as soon as more search cannot pay"):
-
-1. Run Mixed (:class:`~rebalance.core.planners.llfd.MixedPlanner`). Keep it when it is
-   feasible and within :data:`GOOD_ENOUGH` of its combinatorial lower bound, or the
-   problem has more than :data:`MILP_MAX_KEYS` keys, or there is no load. With more than
-   :data:`COVER_PLAN_MAX_KEYS` keys on the instances to relieve, skip to the former MILP
-   polish from Mixed (75 % of the time left, stopping at a 1 % gap).
-2. The **cover plan** (:func:`cover_plan`): the best max load any plan can reach is
-   L = max(L_max, heaviest key); every instance above L sheds the cheapest set of keys
-   that covers its excess (a 0/1 knapsack cover per instance, solved by HiGHS in
-   :func:`rebalance.core.bounds.knapsack_covers`, whose dual bounds sum to the integer lower
-   bound), and those keys are placed, heaviest first, where they fit under L (their
-   default instance first, then best fit). When they all fit, the plan is optimal up to
-   the covers' gaps: its migration is the covers' state and the bound is their dual
-   bounds. Keep the better of Mixed and the cover plan when it reaches L within
-   :data:`GOOD_ENOUGH` of that integer bound, or when a key alone is heavier than L_max
-   and the plan already reaches L (the least max load of any plan): the MILP's soft mode
-   could then only trade migration, and over the job-like workload of
-   ``auto_benchmark.py`` (8 such plans) the former 10 s search never found a better plan.
-3. Otherwise the MILP polish (:class:`~rebalance.core.planners.milp.MilpPlanner`),
-   warm-started from the better plan, with at most :data:`POLISH_SECONDS` of solver time,
-   what is left of the ladder's :data:`SEARCH_SECONDS`, and never more than MILP_SHARE of
-   what is left of ``params.time_limit`` (still the hard cap), a model sized for that
-   budget (at least :data:`MIN_MILP_SECONDS`), and HiGHS told to stop as soon as its
-   incumbent is within GOOD_ENOUGH of the integer bound (``objective_target``) or its
-   gap is below :data:`MILP_GAP`. Keys it moves anyway go to their default instance where
-   that stays within L_max; if the table still exceeds A_max, :func:`fit_table` is the
-   fallback.
-4. Keep the better plan: feasible beats infeasible; among feasible plans the one that
-   migrates fewer bytes (ties: smaller table, then the earlier plan); among infeasible
-   ones the lower imbalance, then less migration.
-
-Deterministic where time does not decide: Mixed is; each cover is HiGHS single-threaded
-with a fixed seed, but a cover stopped by its 0.3 s limit (or by the covers' share of
-the time limit) keeps its best set, and the MILP's model is sized for the time left
-after the covers, so on a loaded machine the cover plan and the polish can differ from
-run to run; auto's plan is never worse than Mixed's, and the notes say which rung was
-kept and why.
+rung that is good enough: (1) Mixed, kept when within :data:`GOOD_ENOUGH` of its lower
+bound or too large to search; (2) the cover plan (:func:`cover_plan`: every instance above
+the least reachable max load sheds a minimum knapsack cover of its excess), kept when
+within GOOD_ENOUGH of the integer bound; (3) a short MILP polish warm-started from the
+better plan. It keeps the better plan (feasible first, then less migration), and the
+notes say which rung was kept and why. Every rule, the time budgets and the measurements
+behind them: ``docs/planning.md``, "The default planner: auto".
 """
 
 from __future__ import annotations
@@ -65,18 +32,18 @@ GOOD_ENOUGH = 0.02
 #: one-second planning target of the benchmark; auto returns Mixed's plan.
 MILP_MAX_KEYS = 200_000
 #: The MILP needs at least this much time left to be worth starting: building its PuLP
-#: model, handing it over and disaggregating take 0.3-0.6 s at 10^4 keys on the loaded
-#: 2-core machine, so a shorter polish only overran its budget (the time limit too).
+#: model, handing it over and disaggregating take a few tenths of a second at 10^4 keys,
+#: so a shorter polish would only overrun its budget (and the time limit).
 MIN_MILP_SECONDS = 0.5
 #: Relative MIP gap at which the polish stops.
 MILP_GAP = 0.01
 #: Share of the time left after the cover plan that the MILP may get (it overruns its
 #: limit a little: model hand-over, disaggregation, evaluation).
 MILP_SHARE = 0.75
-#: Above this many keys on the instances to relieve, no cover plan: one HiGHS knapsack per
-#: instance of ~1500 keys ran out of the covers' 1 s at 10^5 keys, N = 64 (38 000 such
-#: keys), the greedy rest was 24 % worse than the former polish, which auto then runs
-#: from Mixed with its former budget. Mid-size problems have 25-2 100 (auto_benchmark).
+#: Above this many keys on the instances to relieve, no cover plan: the covers (one HiGHS
+#: knapsack per instance) would run out of their time share and the greedy rest would be
+#: worse than a MILP polish, which auto then runs from Mixed with MILP_SHARE of the time
+#: left.
 COVER_PLAN_MAX_KEYS = 10_000
 #: Share of the time left that the knapsack covers may take (twice at most: the covers,
 #: then the covers restricted to keys that fit).
@@ -87,15 +54,12 @@ REPAIR_ROUNDS = 3
 EVICT_CANDIDATES = 8
 #: Seconds HiGHS may spend on one repair cover.
 REPAIR_COVER_SECONDS = 0.1
-#: Seconds of search the MILP polish gets at most, whatever the time limit. Measured
-#: (``auto_benchmark.py``, 8 plans each of 4 workloads of 800-10 000 keys, N = 15-64):
-#: HiGHS spent the former 7.5 s mostly on root cuts and found its improvements, if
-#: any, in a sub-MIP heuristic near the deadline; after the cover plan the MILP rarely
-#: improves by more than GOOD_ENOUGH, and 1.2 s keeps the median plan under 2 s.
+#: Seconds of search the MILP polish gets at most, whatever the time limit: after the
+#: cover plan the MILP rarely improves by more than GOOD_ENOUGH (a longer search goes
+#: mostly into root cuts), and this keeps the median plan under 2 s.
 POLISH_SECONDS = 1.2
 #: Seconds the whole ladder aims at (Mixed, covers, polish): the polish gets what is left
-#: of it. The covers take 0.1-0.9 s at 10^4 keys depending on the machine's load, and the
-#: median plan must stay under 2 s on a loaded 2-core machine.
+#: of it, so the median plan stays under 2 s also when the covers take long.
 SEARCH_SECONDS = 1.6
 
 
@@ -114,8 +78,8 @@ class AutoPlanner(Planner):
 
             return robust_proposal(problem, params, "llfd")
         if problem.n_keys > MILP_MAX_KEYS:
-            # No polish possible: skip evaluating Mixed's plan here (the lower bound alone
-            # takes ~0.35 s at 10^6 keys); finish_plan evaluates auto's plan once.
+            # No polish possible: skip evaluating Mixed's plan here (its lower bound alone is
+            # costly at this size); finish_plan evaluates auto's plan once.
             proposal = MixedPlanner().propose(problem, params)
             return Proposal(proposal.assignment, [
                 f"kept Mixed's plan: {problem.n_keys} keys exceed the MILP polish limit of "
@@ -133,7 +97,7 @@ class AutoPlanner(Planner):
         crowded = _keys_above(problem, target)
         if crowded > COVER_PLAN_MAX_KEYS:
             # The covers would need more than the search budget (a HiGHS knapsack per
-            # instance): the former polish, from Mixed, with the former budget.
+            # instance): the MILP polish straight from Mixed, with MILP_SHARE of the time left.
             seconds = MILP_SHARE * (params.time_limit - (time.perf_counter() - t0))
             milp = self._polish(problem, params, mixed, seconds, mixed.lower_bound_bytes,
                                 size_seconds=MILP_SHARE * params.time_limit)
@@ -258,7 +222,7 @@ def cover_plan(problem: Problem, moving: np.ndarray, max_load: float,
     Placement: heaviest first, on the key's default instance when it is active, not its
     current one and has room (this keeps the routing table small), else on the active
     instance with the least room that still fits (best fit). A key that fits nowhere
-    makes room, as seed 003's ADJUST does: among the :data:`EVICT_CANDIDATES` instances
+    makes room, as Fang et al.'s ADJUST does: among the :data:`EVICT_CANDIDATES` instances
     with the most room, the one that can free enough room most cheaply sheds lighter keys
     (by increasing state per load), which are placed in turn; if they do not all fit, the
     key stays where it is. Repair, for up to ``rounds`` rounds: every instance still

@@ -3,11 +3,11 @@
 * ``hash`` keeps every key where it is; only keys that must move (drained or removed
   instance) go to their default instance when it is active, else to the least-loaded
   active instance, heaviest first. It is the "do nothing" reference every planner must
-  beat on balance (seed 003 compares Mixed against plain hashing, Sec. V).
+  beat on balance (Fang et al. compare Mixed against plain hashing, Sec. V).
 * ``lpt`` is the longest-processing-time-first re-pack: every key, heaviest first (ties:
   lower key index), goes to the least-loaded active instance (ties: lower index),
-  ignoring where it is now. It balances well and moves almost every key: seed 004
-  (Sec. 3.3) rejects exactly this in favour of moving few partitions, and it is the
+  ignoring where it is now. It balances well and moves almost every key: Maric et al.
+  (Sec. 3.3) reject exactly this in favour of moving few partitions, and it is the
   upper reference for migration.
 """
 

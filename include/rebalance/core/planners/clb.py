@@ -1,31 +1,13 @@
-"""CLB planner: correlation-based load balancing of seed 001 (Sec. 4, Algorithm 2), fixed.
+"""CLB planner: the ELB/CLB paper's correlation-based load balancing (Sec. 4, Algorithm 2), fixed.
 
 CLB plans for the next m windows at once from the per-window load series of each key
 group (``problem.load_series``, W x K, summed per group; key groups as in
-:mod:`rebalance.core.planners.elb`). Keys of one group always move together.
-
-Steps, with the fixes of the reading notes
-------------------------------------------
-1. Pearson correlation of the group load series (population statistics). The paper's
-   threshold test only makes sense on correlation, not covariance; the threshold is
-   ``params.clb_threshold`` in [0, 1) (default 0.5), not ``params.theta``.
-2. Greedy split into n sets (n = active instances). Start with one set; while there
-   are fewer than n: take the group ``i`` with the largest
-   ``omega_i = sum of corr(i, j) >= threshold over the other groups of its set`` and
-   move every such ``j`` into a new set, then recompute omega for the two sets. Fix:
-   when that new set would be empty (no pair above the threshold), split the heaviest
-   set by load instead (largest first into the lighter half), or the loop never ends.
-3. Fix: the paper's equivalence drops the mean-load term, so the split alone leaves the
-   sets' mean loads unbalanced. An ELB pass between the sets balances them (detach
-   from sets above the mean groups lighter than ``l - mean``, largest first, onto the
-   least-loaded set; no ``(u - v) / 2`` cap, as a set may hold several heavy groups).
-4. Fix: sets are mapped to physical instances by maximum state overlap with the
-   current assignment (Hungarian method, :func:`min_cost_assignment`), so that only
-   the state of groups that change instance moves.
-
-Groups without load have no series to correlate: they stay on their instance, or go
-to the least-loaded instance when theirs is drained or removed. With fewer than two
-windows there is no correlation: the planner falls back to ELB, with a note.
+:mod:`rebalance.core.planners.elb`). Keys of one group always move together. The groups
+are split into one set per active instance by the Pearson correlation of their load
+series (threshold ``params.clb_threshold``, not ``theta``), an ELB pass balances the
+sets' loads, and each set goes to the instance that already holds most of its state.
+With fewer than two windows the planner falls back to ELB. The steps, with their fixes to
+the paper: ``docs/planning.md``, "ELB and CLB: design".
 """
 
 from __future__ import annotations
@@ -40,7 +22,7 @@ from rebalance.core.planners.elb import KeyGroups, balance, describe_balance, de
 
 
 class ClbPlanner(Planner):
-    """Seed 001's correlation-based balancing over key groups."""
+    """The ELB/CLB paper's correlation-based balancing over key groups."""
 
     name = "clb"
 
@@ -129,7 +111,7 @@ class Splits:
 
 def correlation_split(corr: np.ndarray, load: np.ndarray, n_sets: int,
                       threshold: float) -> tuple[np.ndarray, Splits]:
-    """Seed 001 Algorithm 2 with the empty-set fix: the set (0..n_sets-1) of each unit.
+    """The ELB/CLB paper's Algorithm 2 with the empty-set fix: the set (0..n_sets-1) of each unit.
 
     Stops early, with fewer sets, only when every set holds a single unit.
     """

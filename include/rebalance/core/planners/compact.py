@@ -1,36 +1,13 @@
-"""The compact representation of seed 003 (Fang et al., Sec. IV-A, IV-B) for the LLFD engine.
+"""Fang et al.'s compact representation (Sec. IV-A, IV-B) for the LLFD engine.
 
-Keys are grouped into records that :mod:`rebalance.core.planners.llfd` moves as slices;
-psi (the key selection criterion) orders them.
-
-The seed groups keys with equal (next, current, hash, cost, state) into one record with
-a count, after discretising cost and state, so planning runs on records instead of
-millions of keys. Here a record holds the keys with equal (current instance or "must
-move", default instance, cost level, state level); the engine only ever works on
-contiguous slices of records. Two differences, both in favour of accuracy:
-
-* Levels: a value keeps the top ``bits`` bits of its binary mantissa, i.e. R = 2^bits
-  linear steps inside every power-of-two octave (values of one level differ by less than
-  a factor 1 + 1/R; integers below 2R keep their own level). This is the seed's
-  half-linear-half-exponential grid made scale-free, so it works for measured float
-  costs as well as event counts. Up to :data:`EXACT_KEYS` keys the levels are the exact
-  distinct values, so the engine is the paper's key-by-key LLFD.
-  ``params.llfd_resolution_bits`` overrides the choice (None: exact).
-* No estimation error: the seed keeps one representative value per record and a signed
-  running error to keep sums close. Here every record keeps its keys in a fixed order
-  with prefix sums of their exact loads, so every load LLFD compares with L_max is
-  exact and the plan's balance is exactly what LLFD saw. Discretisation only coarsens
-  the *order*: keys of one level are taken together (a partial take is the shortest
-  prefix that suffices), and ADJUST treats only lower levels as "strictly lighter".
-
-Inside a record keys go by key index, except the table keys of the gamma-ordered
-planners, which go by increasing state then key index, so that "the n smallest-state
-table keys" is a prefix of each of their records. Several keys of one record that fit
-directly are water-filled over the least-loaded instances, which is what key-by-key
-LLFD does with equal keys. Everything is deterministic: ties are broken by key index,
-instance index, then record index. On 10^6 keys and 64 instances a run takes a few
-tenths of a second: the records are built with numpy, the engine touches only the
-records it moves.
+Keys are grouped into records that :mod:`rebalance.core.planners.llfd` moves as contiguous
+slices, so planning runs on records instead of millions of keys; psi (the key selection
+criterion) orders them. A record holds the keys with equal (current instance or "must
+move", default instance, cost level, state level). Unlike the paper's, levels are
+scale-free (the top ``bits`` bits of the mantissa; the exact values up to
+:data:`EXACT_KEYS` keys) and every record keeps its keys' exact loads as prefix sums, so
+every load LLFD compares with L_max is exact: discretisation only coarsens the order.
+Details: ``docs/planning.md``, "MinTable, MinMig and Mixed: design".
 """
 
 from __future__ import annotations
@@ -51,7 +28,7 @@ RESOLUTION_BITS = 3
 
 
 class Psi(Enum):
-    """Seed 003's key selection criterion psi (Sec. III-B)."""
+    """Fang et al.'s key selection criterion psi (Sec. III-B)."""
 
     LOAD = "highest load first"
     GAMMA = "highest gamma = c^beta / S first"
@@ -95,7 +72,7 @@ def resolution_bits(problem: Problem, params: PlanParams) -> int | None:
 
 @dataclass(frozen=True)
 class CompactKeys:
-    """Keys grouped into records (seed 003 Sec. IV-A), each a slice ``order[start:stop]``.
+    """Keys grouped into records (Fang et al., Sec. IV-A), each a slice ``order[start:stop]``.
 
     ``prefix[i]`` is the exact load of ``order[:i]``. A record's keys share their home
     (the instance they are on before cleaning, -1 when they must move), default

@@ -1,30 +1,14 @@
-"""ELB planner: eager load balancing of seed 001 (Sec. 3, Algorithm 1) over key groups.
+"""ELB planner: the ELB/CLB paper's eager load balancing (Sec. 3, Algorithm 1) over key groups.
 
-Seed 001 hashes keys to p >> n substreams and only ever changes substream -> instance.
+The paper hashes keys to p >> n substreams and only ever changes substream -> instance.
 Here the substreams are the key groups of :mod:`rebalance.core.placement`
 (``pmod(spark hash, 4096)``, or ``problem.key_group`` when given): keys of one group
-always move together.
-
-Algorithm, with the fixes of the reading notes
-----------------------------------------------
-* Parallelism is fixed (pi = n, the active instances), so the paper's division by
-  ``u + v`` to size the cluster is never taken (its "guard w = 0" holds trivially).
-  Bounds ``u = (1 + theta) * mean`` and ``v = (1 - theta) * mean``.
-* Groups whose instance is drained or removed (the paper's set R) go to the queue.
-* From every instance above the mean, groups are detached largest first while their
-  load is below ``min(l_j - mean, (u - v) / 2)``, recomputing the threshold after each
-  detach (one traversal, groups sorted by decreasing load). Zero-load groups are never
-  detached: moving them costs state and balances nothing.
-* The queue is a max-priority queue on load. Each group goes to the least-loaded
-  instance that can hold it (``l + y <= u``). Fix: when none can, it goes to the
-  globally least-loaded instance. Both are the same instance (the least-loaded one can
-  hold it whenever any can), so placement is least-loaded-first and the notes count
-  the placements that overflowed ``u``.
-
-A group's current instance is the active instance holding most of its load (then most
-of its state, then the lowest id). Keys of the group on other instances are
-consolidated there by the plan (and counted as migration); a group with no key on an
-active instance must move.
+always move together. From every instance above the mean, groups lighter than
+``min(l - mean, theta * mean)`` are detached largest first; they and the groups of
+drained or removed instances go, largest first, to the least-loaded instance. A group's
+current instance is the active one holding most of its load; its keys elsewhere are
+consolidated there. The algorithm, with its fixes to the paper: ``docs/planning.md``,
+"ELB and CLB: design".
 """
 
 from __future__ import annotations
@@ -42,7 +26,7 @@ from rebalance.core.tolerance import LOAD_TOL
 
 @dataclass(frozen=True)
 class KeyGroups:
-    """Keys aggregated to key groups, the unit of migration of seed 001."""
+    """Keys aggregated to key groups, the ELB/CLB paper's unit of migration."""
 
     ids: np.ndarray        # key group ids present, ascending
     of_key: np.ndarray     # position in ``ids`` of each key's group
@@ -96,7 +80,7 @@ class Balance:
 
 def balance(load: np.ndarray, owner: np.ndarray, active: np.ndarray, theta: float,
             capped: bool = True) -> Balance:
-    """Seed 001's ELB over units of ``load`` now on ``owner`` (-1: must move).
+    """ELB (the ELB/CLB paper's Algorithm 1) over units of ``load`` now on ``owner`` (-1: must move).
 
     ``active`` lists the instances that may hold units. With ``capped`` the detach
     threshold is ``min(l_j - mean, theta * mean)`` (the paper's ``(u - v) / 2``);
@@ -159,7 +143,7 @@ def describe_balance(result: Balance, theta: float) -> str:
 
 
 class ElbPlanner(Planner):
-    """Seed 001's eager load balancing over key groups."""
+    """The ELB/CLB paper's eager load balancing over key groups."""
 
     name = "elb"
 

@@ -1,40 +1,13 @@
-"""Greedy redistribution of seed 004 (Maric et al., Sec. 3.3).
+"""Greedy redistribution of Maric et al. (the MLDC paper, Sec. 3.3).
 
-Seed 004 never re-partitions: when its trigger fires (:mod:`rebalance.core.trigger`) it moves
-a few whole partitions (here: keys) off the most loaded worker, "a greedy partitioning
-algorithm ... that optimally balances the processing load, with minimal migrations".
-Its worked example (Fig. 2): loads 60/20/20; a 20 partition moves from the first worker
-to a less loaded one, then a 10 partition from that one to the third: 40/30/30, MLDC
-(max / mean - 1) from 0.8 to 0.2. It is not a fresh LPT, which would move almost
-every key (:class:`rebalance.core.planners.baselines.LptPlanner`).
-
-Algorithm
----------
-1. Keys that must move (drained or removed instance) go first, heaviest first, to their
-   default instance when it is active and stays within L_max (no table entry), else to
-   the least-loaded active instance.
-2. Repeat: among the instances above L_max = (1 + theta) * mean, in decreasing load
-   (ties: lowest index), take the first that has an improving move and move one key
-   from it to the least-loaded active instance t. Moving a key of load c from s to t
-   improves when ``L_t + c < L_s``: the larger of the two loads drops, so the max load
-   or the number of instances at the max drops (the second step of the worked example
-   keeps the max at 40 but empties the tie), and the sum of squared loads drops by
-   ``2c(L_s - L_t - c) > 0``, so the loop ends. Of the improving keys, the one with c
-   closest to ``(L_s - L_t) / 2`` (the largest drop, hence the fewest moves); ties: less
-   state, then lower key index.
-3. Stop when every instance is within L_max (nothing more is moved than needed) or no
-   instance above it has an improving move within the limits.
-
-Limits: a move must keep the routing table within ``params.max_table`` and the
-migration within ``params.budget_keys`` and ``params.budget_bytes``, all counted from
-the current assignment (moving a key back to its current instance frees budget). Keys
-that must move are placed even when that breaks a limit; the notes then say so.
-
-To find the key closest to half the gap quickly on millions of keys, the keys of each
-instance are kept sorted by load in four groups: off their default instance or not (a
-move of the former never grows the table) and moved already or not (a move of the
-former never costs budget). A full table or exhausted budget rules out whole groups; the
-search walks outwards from half the gap and stops at the first admissible key.
+When its trigger fires (:mod:`rebalance.core.trigger`) the paper moves a few whole
+partitions (here: keys) off the most loaded worker instead of re-partitioning (a fresh
+LPT, :class:`rebalance.core.planners.baselines.LptPlanner`, would move almost every key).
+Keys that must move are placed first; then, while an instance is above L_max, one key
+moves from the most loaded instance that has an improving move to the least-loaded one
+(the key closest to half their load difference), within the table and migration limits.
+The algorithm, why it ends and how the key is found quickly: ``docs/planning.md``,
+"The greedy planner: design".
 """
 
 from __future__ import annotations
@@ -158,7 +131,7 @@ class _Groups:
 
 
 class GreedyPlanner(Planner):
-    """Seed 004's greedy redistribution: few single-key moves off the most loaded instances."""
+    """Maric et al.'s greedy redistribution: few single-key moves off the most loaded instances."""
 
     name = "greedy"
 
@@ -206,7 +179,9 @@ class GreedyPlanner(Planner):
 
 def _redistribute(problem: Problem, a: np.ndarray, max_load: float,
                   usage: _Usage) -> tuple[int, list[str]]:
-    """Step 2, in place on ``a``; returns the number of moves and the binding limits."""
+    """Single-key moves off the instances above ``max_load`` (step 2 of the design in
+    ``docs/planning.md``), in place on ``a``; returns the number of moves and the binding
+    limits."""
     active = problem.active
     loads = problem.instance_loads(a).astype(np.float64)
     loads[~active] = np.inf

@@ -1,40 +1,17 @@
-"""Hash routings that are not planners: seed 001's baselines UHLB and PKG, and D-Choices.
+"""Hash routings that are not planners: the ELB/CLB paper's baselines UHLB and PKG, and D-Choices.
 
 None of these keeps one instance per key in a table; each routes every tuple by hash
-functions of the key's integer id, so they live here as functions (the harness replays
-them next to the planners, :mod:`rebalance.evaluation.runner`), not in the registry of
-:mod:`rebalance.core.methods` (``rebalance plan`` cannot apply a routing that splits keys).
+functions of the key's integer id (:func:`key_ids`), so they live here as functions (the
+harness replays them next to the planners, :mod:`rebalance.evaluation.runner`), not in the
+registry of :mod:`rebalance.core.methods` (``rebalance plan`` cannot apply a routing that
+splits keys). :func:`route_by_choices` models their per-tuple greedy on histograms.
 
-* **UHLB** (seed 001, Sec. 5): one hash drawn from the 2-universal family
-  h(x) = ((a x + b) mod p) mod n, p = 2^31 - 1 (a Mersenne prime), a in [1, p-1] and
-  b in [0, p-1] drawn from a seed (:class:`UniversalHash`). For x != y below p,
-  Pr[h(x) = h(y)] <= 1/n over (a, b) (Carter and Wegman); ids are taken mod p.
+* **UHLB** (the ELB/CLB paper, Sec. 5): one hash drawn from a 2-universal family.
 * **PKG** (partial key grouping, Nasir et al., arXiv 1504.00788): every key has two
-  candidates h1(k), h2(k) (two independent draws of the family; they may coincide, as
-  in Storm's PartialKeyGrouping) and each tuple goes to the less-loaded candidate. A
-  key whose tuples went to both candidates holds a *partial* state on each; a stateful
-  operator needs a consolidation step to merge them (seed 001, Sec. 2).
+  candidates h1(k), h2(k) and each tuple goes to the less-loaded one, so a key may hold a
+  *partial* state on both, which a stateful operator must merge (the ELB/CLB paper, Sec. 2).
 * **D-Choices / W-Choices** (Nasir et al., arXiv 1510.05714): the heavy hitters get
   d >= 2 choices (W-Choices: every instance), the other keys keep PKG's two.
-
-Key ids (:func:`key_ids`): the key group when there is one (seed 001's substream ids, what
-its UHLB hashes, h: [p] -> [n]), else Spark's Murmur3 of the key string
-(:func:`rebalance.core.placement.spark_hash_strings`) as an unsigned 32-bit integer.
-
-**The greedy at histogram level** (:func:`route_by_choices`). A histogram says how much
-load each key had in a window, not the order of its tuples, so the per-tuple greedy is
-modelled as follows: each key's window load is cut into q(k) equal quanta, spread evenly
-over the window (quantum j at time (j + 1/2) / q(k)); all quanta are taken in time order
-(ties: lower key index) and each goes to whichever of its key's candidates has the
-least load so far in the window (ties: the earlier choice, h1 before h2). q(k) is at most
-one per tuple (the load unit counts as one tuple) and otherwise at least ``min_quanta``
-and at least enough that no quantum exceeds 1/``resolution`` of the mean instance load
-(heavy keys are routed in small pieces). A key
-of at most ``min_quanta`` tuples is thus routed exactly as the per-tuple greedy would
-route evenly spaced tuples; a heavier key is routed in batches of tuples. Loads count from
-the start of the window (the sources' load estimates restart every window) and one source
-sees every tuple: the best case for PKG, whose real sources each estimate loads locally.
-State is split like load (state grows with tuples, seed 001 Fig. 1).
 """
 
 from __future__ import annotations
@@ -59,7 +36,13 @@ ROUTINGS = ("uhlb", "pkg", "dchoices", "wchoices")
 
 @dataclass(frozen=True)
 class UniversalHash:
-    """h(x) = ((a x + b) mod p) mod n, one member of the Carter-Wegman family."""
+    """h(x) = ((a x + b) mod p) mod n, one member of the Carter-Wegman family.
+
+    p = 2^31 - 1 (a Mersenne prime), a in [1, p-1] and b in [0, p-1] drawn from a seed
+    (:meth:`draw`). For x != y below p, Pr[h(x) = h(y)] <= 1/n over (a, b) (Carter and
+    Wegman); ids are taken mod p. PKG's two candidates are two independent draws of the
+    family; they may coincide, as in Storm's PartialKeyGrouping.
+    """
 
     a: int
     b: int
@@ -86,7 +69,9 @@ class UniversalHash:
 
 
 def key_ids(keys, key_group=None) -> np.ndarray:
-    """The integer id of every key: its key group when given, else its Murmur3 hash."""
+    """The integer id of every key: its key group when given (the ELB/CLB paper's substream
+    ids, what its UHLB hashes, h: [p] -> [n]), else Spark's Murmur3 of the key string
+    (:func:`rebalance.core.placement.spark_hash_strings`) as an unsigned 32-bit integer."""
     if key_group is not None:
         ids = np.asarray(key_group).astype(np.int64)
         if len(ids) and ids.min() < 0:
@@ -151,14 +136,29 @@ class ChoiceRouting:
 
     def consolidation_bytes(self, state) -> float:
         """State a consolidation step ships to merge every split key into its largest
-        part, with the key's state split like its load."""
+        part, with the key's state split like its load (state grows with tuples, the ELB/CLB
+        paper's Fig. 1)."""
         return float((np.asarray(state, dtype=np.float64) * self.minor_share()).sum())
 
 
 def route_by_choices(load, candidates, n_instances: int,
                      resolution: int = DEFAULT_RESOLUTION,
                      min_quanta: int = DEFAULT_MIN_QUANTA) -> ChoiceRouting:
-    """One window of the greedy "less-loaded candidate" routing (see the module notes).
+    """One window of the greedy "less-loaded candidate" routing, at histogram level.
+
+    A histogram says how much load each key had in a window, not the order of its tuples,
+    so the per-tuple greedy is modelled as follows: each key's window load is cut into q(k)
+    equal quanta, spread evenly over the window (quantum j at time (j + 1/2) / q(k)); all
+    quanta are taken in time order (ties: lower key index) and each goes to whichever of
+    its key's candidates has the least load so far in the window (ties: the earlier
+    choice, h1 before h2). q(k) is at most one per tuple (the load unit counts as one
+    tuple) and otherwise at least ``min_quanta`` and at least enough that no quantum
+    exceeds 1/``resolution`` of the mean instance load (heavy keys are routed in small
+    pieces). A key of at most ``min_quanta`` tuples is thus routed exactly as the
+    per-tuple greedy would route evenly spaced tuples; a heavier key is routed in batches
+    of tuples. Loads count from the start of the window (the sources' load estimates
+    restart every window) and one source sees every tuple: the best case for PKG, whose
+    real sources each estimate loads locally.
 
     ``candidates`` is (K, d) (or (K,) for one choice); entries < 0 are unused slots.
     Deterministic: the same input gives the same routing.

@@ -1,56 +1,16 @@
-"""MinTable, MinMig and Mixed of seed 003 (Fang et al.) over one LLFD engine.
+"""MinTable, MinMig and Mixed of Fang et al. over one LLFD engine.
 
-Seed 003 routes a key by a routing table A when it has an entry, else by the hash
-h(k) (``problem.default``). It minimises the migrated state subject to
-``max L(d) <= L_max = (1 + theta) * mean`` and ``|A'| <= A_max`` (Sec. II-B, Eq. 3).
-Every algorithm runs three phases (Sec. III):
-
-I. clean: send some table keys back to their default instance (virtually).
-II. prepare: from every instance above L_max, detach keys in psi order until it is
-   <= L_max; they form the candidate set C.
-III. LLFD (Algorithm 1): take candidates in decreasing load; try the instances in
-   increasing current load; accept when ``L + c <= L_max`` (the reading notes' fix: the
-   pseudocode prints ``<``, the worked example of Fig. 4 needs ``<=``), else ADJUST:
-   swap out a non-empty set E of keys on that instance, each strictly lighter than the
-   candidate, chosen in psi order, such that ``L + c - c(E) <= L_max``; E joins C.
-
-The heuristics differ in phase I and psi (Sec. III-B, III-C):
-
-* MinTable (Alg. 2): clean every table key; psi = highest load first.
-* MinMig (Alg. 3): clean nothing; psi = highest gamma(k) = c(k)^beta / S(k) first
-  (S = 0: gamma = inf, the key is free to move; c = 0: gamma = 0, moving it balances
-  nothing).
-* Mixed (Alg. 4): clean the n table keys of smallest state, psi = gamma, and grow n while
-  the table exceeds A_max (``params.max_table``).
-
-Fixes and choices beyond the printed algorithms
------------------------------------------------
-* C is a heap (it grows while LLFD runs). A candidate that no instance accepts, even
-  with ADJUST, goes to the least-loaded instance; after a cap on the candidates popped
-  (:data:`LOOP_CAP_PER_RECORD` per record) ADJUST stops and every remaining candidate
-  takes that fallback. ADJUST always terminates (it trades one key for strictly lighter
-  ones), the cap only bounds the time.
-* Mixed: the printed update ``n <- |A'| - A_max`` can cycle. n grows monotonically,
-  ``n <- n + (|A'| - A_max)``, and stops at n = |A| (all table keys cleaned, as
-  MinTable; after :data:`MIXED_MAX_TRIALS` trials n jumps there); if the table is still
-  above A_max, MinTable itself (psi = load, the table-minimising order) is run and the
-  smaller table wins.
-* Keys on drained or removed instances (``problem.must_move()``) are candidates from the
-  start and only active instances ever receive keys. A cleaning phase may instead send
-  such a key to its default instance when that one is active (it moves either way).
-* When one key is heavier than L_max no assignment meets theta; the bound LLFD packs to
-  is then raised to that key's load (the least maximum any assignment can reach), so
-  the other instances are not churned for nothing, and keys heavier than L_max come last
-  in psi order: moving one brings no instance within L_max, so its instance sheds its
-  other keys instead. The notes say so.
-* Zero-load keys are never detached (they balance nothing); a zero-load key that must
-  move goes to its default instance when active, else to the least-loaded one.
-* Mean load is over the active instances (``problem.mean_load()``).
-* Seed 003 has no migration budget (it minimises migration instead):
-  ``budget_bytes``/``budget_keys`` are checked on the plan by ``finish_plan``, not
-  enforced here; the notes say so. The greedy planner enforces them.
-
-The compact representation (records of keys, levels, psi order) is
+The paper routes a key by a routing table when it has an entry, else by its hash
+(``problem.default``), and minimises the migrated state subject to ``max load <= L_max``
+and a table of at most A_max keys. Each heuristic runs three phases: I. clean (send some
+table keys back to their default instance), II. prepare (detach keys in psi order from
+every instance above L_max into the candidate set C), III. LLFD (place candidates by
+decreasing load on the least-loaded instance that fits, else ADJUST: swap out strictly
+lighter keys). MinTable cleans every table key, psi = load; MinMig cleans nothing, psi =
+gamma = c^beta / S; Mixed cleans the n smallest-state table keys, n grown until the table
+fits A_max. The phases, the fixes beyond the printed algorithms and the choices for
+drained instances, keys heavier than L_max and budgets: ``docs/planning.md``, "MinTable,
+MinMig and Mixed: design". The compact representation is
 :mod:`rebalance.core.planners.compact`.
 """
 
@@ -306,7 +266,7 @@ class _Run:
 
 
 def run_llfd(ck: CompactKeys, problem: Problem, n_clean: int, bound: float) -> LlfdOutcome:
-    """Seed 003's three phases on ``ck``: clean the first ``n_clean`` cleanable keys, detach
+    """Fang et al.'s three phases on ``ck``: clean the first ``n_clean`` cleanable keys, detach
     from instances above ``bound`` in psi order, then LLFD accepting ``L + c <= bound``."""
     run = _Run(ck, problem, n_clean, bound)
     run.prepare()
@@ -331,7 +291,7 @@ def packing_bound(problem: Problem, theta: float) -> tuple[float, list[str]]:
 
 
 def describe_compact(ck: CompactKeys, n_keys: int) -> str:
-    """How the keys were represented (seed 003 Sec. IV)."""
+    """How the keys were represented (Fang et al., Sec. IV)."""
     grid = ("exact levels" if ck.bits is None
             else f"levels with R = {1 << ck.bits} steps per power-of-two octave")
     return f"compact representation: {n_keys} keys in {ck.n_records} records ({grid}; loads exact)"
@@ -362,7 +322,7 @@ def describe_outcome(out: LlfdOutcome, ck: CompactKeys, bound: float,
 
 
 class _LlfdPlanner(Planner):
-    """Shared set-up of the three seed 003 heuristics."""
+    """Shared set-up of Fang et al.'s three heuristics."""
 
     def _compact(self, problem: Problem, params: PlanParams, psi: Psi) -> CompactKeys:
         return CompactKeys.build(problem, psi, params.beta, resolution_bits(problem, params),
@@ -370,7 +330,7 @@ class _LlfdPlanner(Planner):
 
 
 class MinTablePlanner(_LlfdPlanner):
-    """Seed 003 Algorithm 2: clean the whole table, psi = highest load first."""
+    """Fang et al.'s Algorithm 2: clean the whole table, psi = highest load first."""
 
     name = "mintable"
 
@@ -386,7 +346,7 @@ class MinTablePlanner(_LlfdPlanner):
 
 
 class MinMigPlanner(_LlfdPlanner):
-    """Seed 003 Algorithm 3: no cleaning, psi = highest gamma first."""
+    """Fang et al.'s Algorithm 3: no cleaning, psi = highest gamma first."""
 
     name = "minmig"
 
@@ -402,7 +362,7 @@ class MinMigPlanner(_LlfdPlanner):
 
 
 class MixedPlanner(_LlfdPlanner):
-    """Seed 003 Algorithm 4: MinMig after cleaning the n smallest-state table keys, n grown
+    """Fang et al.'s Algorithm 4: MinMig after cleaning the n smallest-state table keys, n grown
     monotonically until the table fits A_max."""
 
     name = "mixed"

@@ -1,4 +1,4 @@
-"""Robust (multi-scenario) variants of the heuristics: seed 001's robust view.
+"""Robust (multi-scenario) variants of the heuristics: the ELB/CLB paper's robust view.
 
 A problem with ``scenarios`` (S x K loads, e.g. the last W windows; see
 :mod:`rebalance.core.forecast`) asks for an assignment under which *every* scenario keeps each
@@ -6,23 +6,8 @@ active instance within ``(1 + theta)`` times that scenario's own mean. Each scen
 its own bound B_s = (1 + theta) * mean_s (or its heaviest key when that is larger: no
 assignment can do better); loads are normalised by it, Y[s, k] = X[s, k] / B_s, so an
 instance fits when every row of its normalised load is <= 1 (a vector bin).
-
-* :func:`robust_llfd` is the vector-load LLFD of seed 003 (MinMig psi order): (II) from
-  every instance above 1 in some scenario, detach keys in decreasing gamma =
-  c^beta / S (c = the key's largest normalised load over the scenarios that instance
-  breaks) until it fits; (III) place the detached keys, heaviest (largest normalised
-  load in any scenario) first: back where they came from when that fits, else on the
-  fitting instance with the lowest peak (its largest normalised load over the
-  scenarios) after the key, else ADJUST: on the CANDIDATE_INSTANCES instances of
-  lowest peak, in increasing peak, swap out
-  strictly lighter keys in psi order until key and instance fit; a key nothing takes
-  goes where the peak after it is least. A final pass moves keys off the worst instance
-  while that lowers the worst peak (the bound may be unreachable).
-* :func:`robust_greedy` is seed 004's greedy with vector loads: one key at a time from
-  the instance with the highest peak to the one with the lowest, the key that
-  minimises the larger of the two peaks after the move, while that lowers the peak;
-  when no single move does, the exchange of two keys that does (with several scenarios
-  a key may fit only where another leaves).
+:func:`robust_llfd` is Fang et al.'s LLFD and :func:`robust_greedy` Maric et al.'s greedy,
+both with these vector loads.
 
 Deterministic: ties go to the lower instance, then the lower key index. Pure numpy.
 """
@@ -86,7 +71,19 @@ def _gamma(y_peak: np.ndarray, state: np.ndarray, beta: float) -> np.ndarray:
 
 
 def robust_llfd(problem: Problem, params: PlanParams) -> tuple[np.ndarray, list[str]]:
-    """Vector-load LLFD (module docstring); returns the assignment and notes."""
+    """Fang et al.'s LLFD (MinMig psi order) with vector loads; returns the assignment and notes.
+
+    (II) From every instance above 1 in some scenario, detach keys in decreasing gamma =
+    c^beta / S (c = the key's largest normalised load over the scenarios that instance
+    breaks) until it fits; (III) place the detached keys, heaviest (largest normalised
+    load in any scenario) first: back where they came from when that fits, else on the
+    fitting instance with the lowest peak (its largest normalised load over the
+    scenarios) after the key, else ADJUST: on the CANDIDATE_INSTANCES instances of lowest
+    peak, in increasing peak, swap out strictly lighter keys in psi order until key and
+    instance fit; a key nothing takes goes where the peak after it is least. A final pass
+    moves keys off the worst instance while that lowers the worst peak (the bound may be
+    unreachable).
+    """
     y, bound = normalised(problem, params.theta)
     n = problem.n_instances
     a = problem.current.copy()
@@ -244,7 +241,13 @@ def _best_swap(st: _State, src: int, on: np.ndarray, peak: float) -> tuple[int, 
 
 
 def robust_greedy(problem: Problem, params: PlanParams) -> tuple[np.ndarray, list[str]]:
-    """Seed 004's greedy with vector loads (module docstring)."""
+    """Maric et al.'s greedy with vector loads; returns the assignment and notes.
+
+    One key at a time from the instance with the highest peak to the one with the lowest,
+    the key that minimises the larger of the two peaks after the move, while that lowers
+    the peak; when no single move does, the exchange of two keys that does (with several
+    scenarios a key may fit only where another leaves).
+    """
     from rebalance.core.planners.packing import place_forced
 
     y, bound = normalised(problem, params.theta)

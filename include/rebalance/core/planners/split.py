@@ -1,28 +1,16 @@
 """Split placement: keys too hot for any one instance get ``d >= 2`` instances, with shares.
 
-A key whose load alone exceeds the bound ``(1 + theta) x mean`` cannot be placed whole
-within it by any planner: that key is the floor of every whole-key plan (at 10^6
-Zipf(0.85) keys and N = 64 the hottest key alone is 1.34 mean loads). Seed 001's PKG and
-the D-Choices / W-Choices follow-up spread such a key over several instances and merge
-the partial results of a window; :func:`plan_split` does this inside the planners:
-
-1. keys within the bound are placed whole, as before; a key is split only when it
-   cannot be (its load, in some scenario, above that scenario's bound), into the least
-   number of shares ``d`` that each fit within the bound (``ceil(load / bound)``);
-2. the problem is expanded: a split key becomes ``d`` equal shares, each placed like a
-   key by the base planner (``auto`` by default) with everything it already weighs
-   (migration, routing table, budgets). The first share carries the key's state and
-   sits where the key is; the others are new partials that start empty (moving them
-   moves no state), so splitting a key in place moves no state at all;
-3. shares that land on the same instance are merged back; a key whose shares all land
-   on one instance is whole again. When the expanded plan still exceeds the bound, each
-   split key gets one more share and the base planner runs again (at most
-   :data:`MAX_ROUNDS` rounds, never more shares than active instances).
-
-What a split costs is counted and reported: every share is an entry of the routing
-table (``table_size``); a split key's state moves only when none of its shares stays on
-its current instance; ``merge_rows`` is the partial results to merge per window (one per
-share beyond the first). Pure numpy: no Spark or Airflow import.
+A key whose load alone exceeds the bound ``(1 + theta) x mean`` is the floor of every
+plan of whole keys. The ELB/CLB paper's PKG and the D-Choices / W-Choices follow-up
+spread such a key over several instances and merge the partial results of a window;
+:func:`plan_split` does this inside the planners: only keys above the bound are split,
+into the least number of equal shares that fit (``ceil(load / bound)``); the expanded
+problem is planned by the base planner like any other (the first share keeps the key's
+state and place, so a key split in place moves no state); shares on one instance are
+merged back, and while the plan exceeds the bound each split key gets one more share (at
+most :data:`MAX_ROUNDS` rounds). The costs (table entries, moved state, ``merge_rows``)
+are counted and reported. In full: ``docs/planning.md``, "Keys heavier than the bound".
+Pure numpy: no Spark or Airflow import.
 """
 
 from __future__ import annotations

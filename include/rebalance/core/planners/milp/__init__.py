@@ -1,7 +1,7 @@
-"""MILP planner: the mixed-integer program of seed 002 (Madsen et al., Sec. 3.2), fixed.
+"""MILP planner: the mixed-integer program of Madsen et al. (Sec. 3.2), fixed.
 
 Binary ``x[k, i]`` puts key ``k`` on instance ``i``; the objective is lexicographic:
-within L_max = (1 + theta) * mean (hard mode) least migrated state, the seed-002 load
+within L_max = (1 + theta) * mean (hard mode) least migrated state, the paper's load
 distance as a tie-breaker; when L_max is out of reach (soft mode) least overload
 first. Large inputs are reduced (heaviest keys as binaries, light keys as fluid
 reservoirs with cost bins) and disaggregated after the solve. The design, with every
@@ -43,7 +43,7 @@ from rebalance.core.planners.milp.starts import _mip_starts, _start_assignment, 
 
 
 class MilpPlanner(Planner):
-    """Seed 002's MILP with HiGHS: least migration within the imbalance bound."""
+    """Madsen et al.'s MILP with HiGHS: least migration within the imbalance bound."""
 
     name = "milp"
     cover_bound = True

@@ -1,4 +1,4 @@
-"""The fixed seed-002 model over the units (constraints (1)-(5), L_max, the elastic
+"""Madsen et al.'s model, fixed, over the units (constraints (1)-(5), L_max, the elastic
 routing-table bound, the soft mode's overload and giant-key cuts).
 
 Part of :mod:`rebalance.core.planners.milp` (design: ``docs/planning.md``).
@@ -26,7 +26,7 @@ from rebalance.core.planners.milp.setting import (
 
 
 def _build(problem: Problem, units: _Units, s: _Setting, theta: float, hard: bool) -> _Model:
-    """The fixed seed-002 model over ``units`` (design: ``docs/planning.md``)."""
+    """Madsen et al.'s model, fixed, over ``units`` (design: ``docs/planning.md``)."""
     m = _Model(pulp.LpProblem("rebalance_milp", pulp.LpMinimize), hard)
     load_terms: dict[int, list] = {int(i): [] for i in s.active}
     load_const = dict.fromkeys(load_terms, 0.0)

@@ -1,6 +1,6 @@
-"""Robust MILP: seed 002's model with one load constraint per instance per scenario.
+"""Robust MILP: Madsen et al.'s model with one load constraint per instance per scenario.
 
-Seed 001's robust view (its m windows) asks every scenario s (a row of
+The ELB/CLB paper's robust view (its m windows) asks every scenario s (a row of
 ``problem.scenarios``) to keep every active instance within its own bound
 B_s = (1 + theta) * mean_s. With normalised loads Y[s, k] = X[s, k] / B_s
 (:func:`rebalance.core.planners.robust.normalised`) the model is
@@ -12,14 +12,7 @@ B_s = (1 + theta) * mean_s. With normalised loads Y[s, k] = X[s, k] / B_s
 
 e is the overload of the worst (scenario, instance), weighted above the total state, so
 the model first reaches the bound (e = 0) when it can and then migrates least; it is
-never infeasible. Keys with no load in any scenario stay where the start puts them. At
-most ``params.milp_max_keys`` keys (default: the seed-002 model's binaries per second of
-the time limit, over N instances and half the scenarios) are binaries:
-the heaviest by their largest normalised load; the others are fixed where the start (the
-robust LLFD, :func:`rebalance.core.planners.robust.robust_llfd`) puts them, as constants of
-the load rows. HiGHS gets that start, single-threaded with the fixed seed, within the time
-limit; the better of its answer and the start is kept (lower worst peak, then less state
-moved).
+never infeasible.
 """
 
 from __future__ import annotations
@@ -36,7 +29,17 @@ from rebalance.core.planners.robust import normalised, robust_llfd
 
 
 def robust_milp(problem: Problem, params: PlanParams) -> tuple[np.ndarray, list[str]]:
-    """The robust MILP's assignment and notes (module docstring)."""
+    """The robust MILP's assignment and notes (the model: module docstring).
+
+    Keys with no load in any scenario stay where the start puts them. At most
+    ``params.milp_max_keys`` keys (default: the MILP's binaries per second of the time
+    limit, over N instances and half the scenarios) are binaries: the heaviest by their
+    largest normalised load; the others are fixed where the start (the robust LLFD,
+    :func:`rebalance.core.planners.robust.robust_llfd`) puts them, as constants of the
+    load rows. HiGHS gets that start, single-threaded with the fixed seed, within the time
+    limit; the better of its answer and the start is kept (lower worst peak, then less
+    state moved).
+    """
     deadline = time.perf_counter() + params.time_limit
     start, start_notes = robust_llfd(problem, params)
     y, _ = normalised(problem, params.theta)
@@ -45,7 +48,7 @@ def robust_milp(problem: Problem, params: PlanParams) -> tuple[np.ndarray, list[
     movable = np.flatnonzero(peak > 0)
     if params.milp_max_keys is not None:
         limit = max(1, int(params.milp_max_keys))
-    else:  # the seed-002 model's binaries per second, shared by S load rows per instance
+    else:  # the MILP's binaries per second, shared by S load rows per instance
         affordable = max(MIN_BINARIES, int(BINARIES_PER_SECOND * params.time_limit))
         limit = max(1, affordable // (len(active) * max(1, (y.shape[0] + 1) // 2)))
     if len(movable) > limit:

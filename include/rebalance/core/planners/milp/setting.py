@@ -16,14 +16,13 @@ from rebalance.core.bounds import migration_lower_bound
 from rebalance.core.model import PlanParams, Problem
 from rebalance.core.tolerance import CHECK_TOL
 
-W1, W2 = 100.0, 1.0          # seed 002 weights of d and of d_u + d_l; w1 > 2 * w2
-DISTANCE_WEIGHT = 1e-4       # lambda: the seed-002 distance as a tie-breaker
+W1, W2 = 100.0, 1.0          # Madsen et al.'s weights of d and of d_u + d_l; w1 > 2 * w2
+DISTANCE_WEIGHT = 1e-4       # lambda: the paper's load distance as a tie-breaker
 OVERLOAD_WEIGHT = 1e3        # soft mode: per mean load above L_max, before migration
 BINARIES_PER_SECOND = 3000   # model size the time limit affords (PuLP build + HiGHS)
 MIN_BINARIES = 2000
-#: Light routing-table keys that get a return binary at most (cheapest state first). On
-#: seed 003's workload (A_max = 3000, full table) 1000 solve to the 1 % gap in ~0.5-0.9 s
-#: with a plan as good as with all ~2800, which hit a 1.5 s limit at 3-4 % gap.
+#: Light routing-table keys that get a return binary at most (cheapest state first): on a
+#: full table, more return binaries slow the solve without a better plan.
 MAX_RETURNS = 1000
 LIGHT_SHARE = 0.1            # keys lighter than this share of theta * mean may be fluid
 HARD_SHARE = 0.6             # time for the hard mode when the soft mode may follow
