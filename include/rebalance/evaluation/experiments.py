@@ -1,20 +1,17 @@
-"""The experiments of ``rebalance bench``: grids of points, each a trace and planners.
+"""The experiments of ``rebalance bench``: grids of points, each a trace and planners,
+replayed by :func:`rebalance.evaluation.runner.replay` (one flat ``results.csv``).
 
-* ``quick``: one small point of each seed workload; well under a minute (used by a test).
-* ``seed003-sweeps``: seed 003 Figs. 8-12 and 17: sweeps of N, theta, K, f and A_max
+* ``quick``: one small point of each paper's workload; well under a minute (used by a test).
+* ``seed003-sweeps``: Fang et al., Figs. 8-12 and 17: sweeps of N, theta, K, f and A_max
   around the defaults (z = 0.85, f = 1, theta = 0.08, beta = 1.5, A_max = 3000).
-* ``seed002-budgets``: seed 002 Figs. 2-4: MILP vs Flux-style moves (and seed 004's
-  greedy) under a budget of 10/20/30/40 migrations, 20/40/60 nodes with 400/800/1200 key
-  groups, node perturbation ``varies`` 20 % and 60 %.
-* ``seed001-elb-clb``: seed 001 Sec. 5.1: Gaussian vs Zipf substreams, ELB every window
-  vs CLB every m windows (per-rebalance and amortised movement), full re-pack and hash.
-* ``seed001-baselines``: seed 001 Sec. 5: its baselines UHLB and PKG (and D-Choices)
-  next to ELB, CLB, auto and hash at N = 10 (imbalance, state moved, consolidation),
-  and the speedup over N = 1..15.
+* ``seed002-budgets``: Madsen et al., Figs. 2-4: MILP vs Flux-style moves (and Maric et
+  al.'s greedy) under a budget of 10/20/30/40 migrations, 20/40/60 nodes with
+  400/800/1200 key groups, node perturbation ``varies`` 20 % and 60 %.
+* ``seed001-elb-clb``: the ELB/CLB paper, Sec. 5.1: Gaussian vs Zipf substreams, ELB every
+  window vs CLB every m windows (per-rebalance and amortised movement), re-pack and hash.
+* ``seed001-baselines``: the ELB/CLB paper, Sec. 5: its baselines UHLB and PKG (and
+  D-Choices) next to ELB, CLB, auto and hash at N = 10, and the speedup over N = 1..15.
 * ``replay``: a histogram table of the streaming job, every planner.
-
-Every point runs through :func:`rebalance.evaluation.runner.replay`; the rows carry the
-point's parameters so that ``results.csv`` is one flat table.
 """
 
 from __future__ import annotations
@@ -71,7 +68,7 @@ def _specs(default: str, settings: Settings) -> list[PlannerSpec]:
     return parse_planners(settings.planners or default)
 
 
-# --------------------------------------------------------------------------- seed 003
+# ----------------------------------------------------------------- Fang et al.: sweeps
 
 SEED003_DEFAULTS = dict(K=10_000, N=15, z=0.85, f=1.0, theta=0.08, A_max=3000)
 SEED003_SWEEPS = {
@@ -84,8 +81,8 @@ SEED003_SWEEPS = {
 SEED003_PLANNERS = "hash,mintable,minmig,mixed,greedy,auto"
 
 
-def _seed003_point(sweep: str, values: dict[str, Any], specs, intervals: int, seed: int,
-                   time_limit: float) -> Point:
+def _sweep_point(sweep: str, values: dict[str, Any], specs, intervals: int, seed: int,
+                 time_limit: float) -> Point:
     v = dict(values)
     params = PlanParams(theta=v["theta"], max_table=v["A_max"], time_limit=time_limit,
                         seed=seed)
@@ -104,12 +101,12 @@ def seed003_sweeps(settings: Settings, sweeps: dict[str, list] | None = None,
     points = []
     for name, values in (sweeps or SEED003_SWEEPS).items():
         for value in values:
-            points.append(_seed003_point(name, dict(base, **{name: value}), specs, intervals,
-                                         settings.seed, settings.time_limit or 2.0))
+            points.append(_sweep_point(name, dict(base, **{name: value}), specs, intervals,
+                                       settings.seed, settings.time_limit or 2.0))
     return points
 
 
-# --------------------------------------------------------------------------- seed 002
+# -------------------------------------------------------------- Madsen et al.: budgets
 
 SEED002_CLUSTERS = [(20, 400), (40, 800), (60, 1200)]
 SEED002_BUDGETS = [10, 20, 30, 40]
@@ -137,7 +134,7 @@ def seed002_budgets(settings: Settings, clusters=None, budgets=None, varies=None
     return points
 
 
-# --------------------------------------------------------------------------- seed 001
+# ---------------------------------------------------- the ELB/CLB paper: ELB, CLB, baselines
 
 SEED001_PLANNERS = "hash,elb,clb@24,lpt"
 
@@ -162,9 +159,9 @@ def seed001_elb_clb(settings: Settings, instances: Sequence[int] = (5, 10, 15),
 
 
 SEED001_BASELINES = "hash,uhlb,pkg,dchoices,elb,clb@24,auto"
-#: seed001-baselines: (label, distribution, number of keys) of the N = 10 comparison. The
-#: paper compares on a Twitter word count we do not have: "words" stands in for it (1000
-#: keys, Zipf 1, the same traffic model as its synthetic substreams).
+#: The baselines experiment's (label, distribution, number of keys) of the N = 10
+#: comparison. The paper compares on a Twitter word count we do not have: "words" stands
+#: in for it (1000 keys, Zipf 1, the same traffic model as its synthetic substreams).
 SEED001_STREAMS = (("substreams", "zipf", 100), ("substreams", "gaussian", 100),
                    ("words", "zipf", 1000))
 SEED001_SPEEDUP_N = tuple(range(1, 16))
@@ -172,8 +169,8 @@ SEED001_SPEEDUP_N = tuple(range(1, 16))
 
 def seed001_baselines(settings: Settings, speedup_n: Sequence[int] = SEED001_SPEEDUP_N,
                       streams=SEED001_STREAMS, n_instances: int = 10) -> list[Point]:
-    """Seed 001 Sec. 5: its baselines UHLB and PKG (and D-Choices) against ELB, CLB, the
-    project's default (auto) and plain hash. Part 1: N = 10 on each stream of
+    """The ELB/CLB paper, Sec. 5: its baselines UHLB and PKG (and D-Choices) against ELB,
+    CLB, the project's default (auto) and plain hash. Part 1: N = 10 on each stream of
     ``streams``, 121 windows (120 routed or planned). Part 2: the speedup over
     N = 1..15 on the Zipf substreams, 49 windows each (two CLB rebalances). With
     ``--intervals I`` both parts use I windows (the quick mode: a few)."""
@@ -198,7 +195,7 @@ def seed001_baselines(settings: Settings, speedup_n: Sequence[int] = SEED001_SPE
 # --------------------------------------------------------------------------- quick / replay
 
 def quick(settings: Settings) -> list[Point]:
-    """One small point per seed workload: seconds, not minutes."""
+    """One small point per paper's workload: seconds, not minutes."""
     intervals = settings.intervals or 4
     tl = settings.time_limit or 0.5
     seed = settings.seed
@@ -326,7 +323,7 @@ def _routing_summary(grp: pd.DataFrame) -> dict[str, float]:
 
     ``speedup`` = sum over windows of the total load / sum of the largest instance load:
     the throughput relative to one instance when the most loaded instance sets the pace
-    (seed 001 Fig. 6, from loads). ``split_keys``, ``extra_partials`` and
+    (the ELB/CLB paper's Fig. 6, from loads). ``split_keys``, ``extra_partials`` and
     ``consolidation_fraction`` are means per window; ``choices`` the mean d of a routing.
     """
     out: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""Flux-style moves: the baseline seed 002 compares its MILP against (Sec. 2, 5.1).
+"""Flux-style moves: the baseline Madsen et al. compare their MILP against (Sec. 2, 5.1).
 
 Flux (Shah et al.) sorts nodes by load and moves "the biggest suitable" partition from
 the most loaded node to the least loaded one, so that the load variance drops. Here:

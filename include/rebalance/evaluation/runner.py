@@ -2,24 +2,17 @@
 
 For each planner the assignment starts at ``trace.initial``. At interval t = 1..I-1 the
 planner sees a problem built from the last ``window`` windows before t (load: their
-mean; state: their sum, seed 003's S(k, w), or for a histogram table, which reports the
+mean; state: their sum, Fang et al.'s S(k, w), or for a histogram table, which reports the
 state held at each window close, that of window t-1) with the assignment carried from interval
 t-1 as the current one, plans, and its assignment is carried on. A planner spec
-``name@m`` rebalances only at t = m, 2m, ... (seed 001's CLB, with the load series of
-the last m windows); in between the assignment is held and only measured.
+``name@m`` rebalances only at t = m, 2m, ... (the ELB/CLB paper's CLB, with the load series
+of the last m windows); in between the assignment is held and only measured.
 
 One row per planner and interval, with the plan's metrics (recomputed by
 :func:`rebalance.core.model.evaluate`, the lower bound of :mod:`rebalance.core.bounds` and the
 gap to it) and the imbalance the assignment then meets on window t itself (the data it
-was not planned on).
-
-The hash routings of :mod:`rebalance.core.planners.hash_choices` (``uhlb``, ``pkg``,
-``dchoices``, ``wchoices``: seed 001's baselines and D-Choices) are replayed by
-:func:`replay_routing` into rows of the same columns: they plan nothing and move no key
-(``migration_fraction`` 0: a key's candidates never change), route window t-1 for the
-"after" columns and window t for the "next" ones, and fill ``split_keys``,
-``extra_partials`` and ``consolidation_fraction`` (0 for every planner, which keeps each
-key on one instance).
+was not planned on). The hash routings of :mod:`rebalance.core.planners.hash_choices` are
+replayed into rows of the same columns by :func:`replay_routing`.
 """
 
 from __future__ import annotations
@@ -183,8 +176,12 @@ def replay_routing(trace: Trace, name: str, params: PlanParams, window: int = 1,
                    progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Rows of a hash routing (:data:`ROUTINGS`) over ``trace``, interval 1..I-1.
 
-    The job is taken to have run with the routing from the start, so no state moves when
-    the replay begins. "After" columns: window(s) t-1 routed (the load the planners plan
+    The routings (``uhlb``, ``pkg``, ``dchoices``, ``wchoices``: the ELB/CLB paper's
+    baselines and D-Choices) plan nothing and move no key (``migration_fraction`` 0: a
+    key's candidates never change). ``split_keys``, ``extra_partials`` and
+    ``consolidation_fraction`` are 0 for every planner, which keeps each key on one
+    instance. The job is taken to have run with the routing from the start, so no state
+    moves when the replay begins. "After" columns: window(s) t-1 routed (the load the planners plan
     on); "next" columns: window t routed, with the candidates chosen on window t-1
     (D-Choices' heavy hitters and d). ``split_keys`` and ``extra_partials`` count the
     keys on two or more instances of window t and their partial states beyond one;

@@ -1,28 +1,17 @@
 """``rebalance bench --experiment scale``: the whole ``rebalance plan`` command from K = 10^4
 to 10^7 keys, as a user runs it (process start to files written).
 
-Workload (issue 11): one window of seed 003's Zipf loads (z = 0.7, the keys ``k0 ..
-k{K-1}`` of :mod:`rebalance.core.synthetic`, seed 0), N = 64 instances, theta = 0.02, written
-once per K as a Parquet file with the streaming job's columns (``window_start``,
-``key``, ``count``, ``cost``, ``state_bytes``), and an assignment file that lists
-**every** key (its default instance, :data:`MOVED_SHARE` of them on another random
-instance: a routing table of 1 % of the keys). Each K is planned
-
-* ``default``: without ``--assignment`` (every key on its default placement), and
-* ``assignment``: with the explicit assignment of every key (the slow path of issue 11:
-  every key's name has to be matched),
-
-by ``mixed`` and ``auto``, each run a fresh ``rebalance plan`` process. Measured per run:
-wall time of the process, its CPU time (user + system) and peak RSS (``ru_utime``,
-``ru_stime``, ``ru_maxrss`` of that child, from ``wait4``), the 1-minute load average of
-the machine when it ended (the machine is shared: wall time follows the load),
-and from its ``plan.json``: ``timings`` (``input_seconds``: read + validate + aggregate;
-``plan_seconds``: the planner; ``write_seconds``), imbalance and migration.
-
+Workload: one window of Fang et al.'s Zipf loads (z = 0.7, the keys ``k0 .. k{K-1}`` of
+:mod:`rebalance.core.synthetic`, seed 0), N = 64, theta = 0.02, as a Parquet file with the
+streaming job's columns, and an assignment file that lists **every** key
+(:data:`MOVED_SHARE` of them off their default instance). Each K is planned without
+(``default``) and with (``assignment``: every key's name must be matched) that file, by
+``mixed`` and ``auto``, each run a fresh ``rebalance plan`` process; per run the wall and
+CPU time, peak RSS, the machine's load average (the machine may be shared: wall time
+follows the load) and ``plan.json``'s timings, imbalance and migration are recorded.
 Inputs are cached in ``--workdir`` (``<workdir>/K<K>/``): generating 10^7 keys is not
-what is measured. :func:`run_scale` returns one row per run; :func:`summarise_scale`
-gives the median and the worst run of each (K, placement, method); :func:`plot_scale`
-draws time against K on log-log axes.
+what is measured. The experiment and its figures: ``docs/evaluation.md`` and
+``docs/planning.md``, "Scale".
 """
 
 from __future__ import annotations
@@ -48,7 +37,7 @@ SCALE_ZIPF = 0.7
 EVENTS_PER_KEY = 10.0
 #: Share of the keys the assignment file puts off their default instance.
 MOVED_SHARE = 0.01
-#: Issue 11's targets: (K, placement) -> (wall seconds, peak MB).
+#: The command's targets: (K, placement) -> (wall seconds, peak MB).
 TARGETS = {
     (1_000_000, "default"): (2.0, 600.0),
     (1_000_000, "assignment"): (3.0, 600.0),
