@@ -60,7 +60,7 @@ def rebalance():
     @task
     def detect(windows: dict) -> dict:
         """`trigger_rule` theta: most of the latest 3 windows exceed 1 + theta under the live
-        assignment (seed004: imbalance > 1.5, enough events, no plan live in the last 3
+        assignment (mldc: imbalance > 1.5, enough events, no plan live in the last 3
         periods); skip when within the bound unless `force`."""
         return tasks.detect(windows)
 

@@ -12,7 +12,7 @@ Airflow's task-heartbeat timeouts are shortened for the stack
 1. two manual triggers at once (two concurrent ``POST /api/v2/dags/rebalance/dagRuns``)
    on the default placement: exactly one plan is applied, the other run ends with the
    reason (``max_active_runs=1`` queues it behind the first; it then meets the cooldown of
-   the seed 004 trigger rules);
+   the MLDC trigger rules, ``trigger_rule`` mldc);
 2. in the same runs (one scenario, checked by two tests), ``kill -9`` of the Airflow task
    process of the first run's ``publish`` right after its commit to ``plans``: Airflow's
    retry publishes the same plan id, no extra Delta version;
@@ -176,7 +176,7 @@ DOUBLE_TRIGGER_RUNS = ("manual__double-trigger-1", "manual__double-trigger-2")
 @pytest.fixture(scope="module")
 def double_trigger(service, api) -> dict:
     """Two identical triggers at once (a double click) on the default placement, which the
-    seed 004 trigger rules plan on without ``force``; the run that goes first has the
+    MLDC trigger rules plan on without ``force``; the run that goes first has the
     Airflow task process of its ``publish`` killed with ``kill -9`` right after the commit
     to ``plans``. Returns what the two tests below check: the runs' ends, task instances,
     plans and the publish commits."""
@@ -190,11 +190,11 @@ def double_trigger(service, api) -> dict:
     service.wait_windows_until(end, timeout=cooldown + 120)
     start = end - DOUBLE_TRIGGER_INTERVAL
     runs = list(DOUBLE_TRIGGER_RUNS)
-    # identical, as a double click sends; the seed 004 rules, whose cooldown (no plan live
+    # identical, as a double click sends; the MLDC rules, whose cooldown (no plan live
     # in the last 3 periods) refuses the second run whatever the loads after the first plan
     # verified over two 5-s windows, as every run of this module that must succeed: one
     # window's noise misses 1 + theta + verify_tolerance now and then (docs/testing.md)
-    conf = {"apply_mode": "broadcast", "trigger_rule": "seed004", "verify_windows": 2}
+    conf = {"apply_mode": "broadcast", "trigger_rule": "mldc", "verify_windows": 2}
     answers: dict[str, object] = {}
     barrier = threading.Barrier(2)
 

@@ -53,6 +53,49 @@ def test_plan_id_is_a_hash_of_run_params_and_snapshot():
     assert re.fullmatch(r"[0-9a-f]{20}", pid), pid
 
 
+def test_the_former_trigger_rule_name_seed004_is_read_as_mldc():
+    """Stored run confs and plan records may carry the trigger rule's former name: every
+    way params are read maps it to the current one, and a run's plan id does not change
+    with the spelling (nor from what it was before the rename)."""
+    from rebalance.control.params import RunInfo, RunParams, plan_id_for, unpack
+    from rebalance.core.records import hash_id
+    from rebalance.core.trigger import TRIGGER_RULES, trigger_rule_name
+
+    assert TRIGGER_RULES == ("theta", "mldc")
+    assert trigger_rule_name("seed004") == "mldc" and trigger_rule_name("theta") == "theta"
+    assert RunParams.parse({"trigger_rule": "seed004"}).trigger_rule == "mldc"
+    assert RunParams(trigger_rule="seed004") == RunParams(trigger_rule="mldc")
+    run = RunInfo("rebalance", "manual__x", "manual", "2026-01-01T00:00:00+00:00",
+                  "2026-01-01T00:10:00+00:00")
+    stored = {"run": run.to_dict(), "params": {**RunParams().to_dict(), "trigger_rule": "seed004"}}
+    assert unpack(stored)[1].trigger_rule == "mldc"
+    inputs = {"windows": ["a"], "key_histograms_version": 3, "base_assignment_version": 0,
+              "n_instances": 4}
+    pid = plan_id_for(run, RunParams(trigger_rule="mldc"), inputs)
+    assert pid == plan_id_for(run, RunParams.parse(stored["params"]), inputs)
+    assert pid == hash_id({"dag_id": run.dag_id, "run_id": run.run_id,
+                           "data_interval": [run.data_interval_start, run.data_interval_end],
+                           "params": stored["params"], "inputs": inputs})
+    assert pid != plan_id_for(run, RunParams(), inputs)
+
+
+def test_the_params_form_offers_the_current_trigger_rules_and_accepts_the_former_name():
+    from airflow.sdk import Param
+    from airflow.sdk.exceptions import ParamValidationError
+
+    from rebalance.control.params import PARAMS_SCHEMA
+
+    spec = PARAMS_SCHEMA["trigger_rule"]
+    # what the form shows: suggestions, no dropdown of every accepted value
+    assert spec["examples"] == ["theta", "mldc"] and "enum" not in spec
+    param = Param(**spec)
+    for value in ("theta", "mldc", "seed004"):  # a stored conf with the former name
+        assert param.resolve(value) == value
+    for bad in ("always", "", 4, None):
+        with pytest.raises(ParamValidationError):
+            param.resolve(bad)
+
+
 def test_run_params_are_canonical_and_checked_once():
     from rebalance.control.errors import InvalidParams
     from rebalance.control.params import PARAMS_SCHEMA, RunParams
@@ -180,7 +223,7 @@ def test_the_backtest_params_are_checked_with_one_line_each():
     assert RunParams.parse({"load_model": "ewm:h=3"}).load_model == "ewm:halflife=3"
     assert RunParams.parse({"theta": 0.2, "theta_plan": 0.05}).theta_plan == 0.05
     for bad, words in (
-        ({"trigger_rule": "always"}, "trigger_rule 'always' is not one of theta, seed004"),
+        ({"trigger_rule": "always"}, "trigger_rule 'always' is not one of theta, mldc"),
         ({"load_model": "ewma"}, "load_model 'ewma': load model 'ewma'"),
         ({"load_model": "ewm:span=3"}, "option 'span=3'"),
         ({"load_model": "seasonal"}, "seasonal needs a period"),

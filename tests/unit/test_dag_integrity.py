@@ -7,6 +7,7 @@ views as a DAG tab and a navigation entry, and every route requires a reader of 
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -40,6 +41,10 @@ def test_the_rebalance_params_form(dags):
     assert "milp" in schema["enum"] and "mixed" in schema["enum"]
     assert params.get_param("theta").schema["type"] == "number"
     assert params.get_param("require_approval").schema["type"] == "boolean"
+    # the trigger rules on offer are the current names; a stored conf's former name validates
+    rule = params.get_param("trigger_rule")
+    assert rule.schema["examples"] == ["theta", "mldc"] and "enum" not in rule.schema
+    assert copy.deepcopy(rule).resolve("seed004") == "seed004"  # (resolve keeps the value)
     from rebalance.control.params import PARAMS_SCHEMA
 
     # Every run param of the library is on the form, with its default, and nothing else.

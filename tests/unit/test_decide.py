@@ -85,12 +85,14 @@ def test_detect_theta_judges_the_live_assignment_and_follows_theta():
     assert not decision.trigger and "exceed 1 + theta = 3.000" in decision.reasons[0]
 
 
-def test_detect_seed004_keeps_its_own_rules():
+@pytest.mark.parametrize("rule", ["mldc", "seed004"])  # seed004: the former name
+def test_detect_mldc_keeps_its_own_rules(rule):
     h, live = history(stable_skew())
-    p = params(trigger_rule="seed004")
+    p = params(trigger_rule=rule)
     decision, facts = decide.detect(h, live, p, events=99_999, periods_since_last=1)
-    assert facts["rule"] == "seed004" and facts["imbalance"] > 1.5
+    assert facts["rule"] == "mldc" and facts["imbalance"] > 1.5
     assert decision.reasons == ["last rebalance 1 period(s) ago, cooldown is 3 period(s)"]
+    assert decide.rule_text(p.trigger_rule).startswith("MLDC trigger rules")
     decision, _ = decide.detect(h, live, p, events=99_999, periods_since_last=None)
     assert decision.trigger
 

@@ -1,4 +1,4 @@
-"""The trigger rules (theta, seed 004's) and the backtested-gain gate."""
+"""The trigger rules (theta, and mldc: the MLDC paper's) and the backtested-gain gate."""
 
 from __future__ import annotations
 

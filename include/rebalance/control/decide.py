@@ -8,8 +8,9 @@ engine of :mod:`rebalance.core.backtest`, so it is unit-tested without Spark or 
 
 * :func:`detect`: the run's ``trigger_rule``: ``theta`` (default,
   :class:`~rebalance.core.trigger.ThetaTrigger`: a majority of the latest 3 windows exceed
-  ``1 + theta`` under the live assignment) or ``seed004``
-  (:class:`~rebalance.core.trigger.TriggerPolicy`, rules 1-3; rule 4 needs the plan).
+  ``1 + theta`` under the live assignment) or ``mldc``
+  (:class:`~rebalance.core.trigger.TriggerPolicy`, the MLDC paper's rules 1-3; rule 4 needs
+  the plan).
 * :func:`plan_policy`: how the plan is made. The latest third of the windows (at least
   one, :func:`holdout_windows`) is held out; the load model and ``theta_plan`` are
   chosen on the windows before it (``load_model`` auto: :func:`rebalance.core.backtest.choose`
@@ -62,12 +63,12 @@ def detect(history: WindowHistory, current: np.ndarray, p: RunParams, events: in
 
     ``current``: the live assignment of ``history.keys``. The facts (JSON-able) name the
     rule, the imbalance of every window under the live assignment and that of their
-    mean load (seed 004's MLDC is that minus 1).
+    mean load (the MLDC paper's MLDC is that minus 1).
     """
     per_window = window_imbalance(history.loads, current, history.n_instances)
     mean_imb = float(window_imbalance(history.loads.mean(axis=0), current,
                                       history.n_instances)[0])
-    if p.trigger_rule == "seed004":
+    if p.trigger_rule == "mldc":
         # rules 1-3 now; rule 4 needs the candidate plan and is checked by the plan task
         rules = dataclasses.replace(TriggerPolicy(min_items=int(p.min_events)),
                                     min_improvement=0.0)
@@ -85,7 +86,7 @@ def detect(history: WindowHistory, current: np.ndarray, p: RunParams, events: in
 
 def rule_text(rule: str) -> str:
     """How a skip names the rule that blocked, and how to plan anyway."""
-    return ("theta trigger" if rule == "theta" else "seed 004 trigger rules") \
+    return ("theta trigger" if rule == "theta" else "MLDC trigger rules") \
         + "; set force to plan anyway"
 
 

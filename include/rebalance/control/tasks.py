@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 
 
 def trigger_policy(p: RunParams) -> TriggerPolicy:
-    """Seed 004's trigger rules (:mod:`rebalance.core.trigger`) with the run's ``min_events``."""
+    """The MLDC paper's trigger rules (:mod:`rebalance.core.trigger`) with the run's
+    ``min_events``."""
     return TriggerPolicy(min_items=int(p.min_events))
 
 
@@ -70,7 +71,7 @@ def detect(windows: Mapping[str, Any]) -> dict[str, Any]:
     """Decide whether the job needs a plan, by the run's ``trigger_rule``.
 
     ``theta`` (default): a majority of the latest 3 windows (2 of 3, 2 of 2, 1 of 1)
-    exceed ``1 + theta`` under the live assignment. ``seed004``: imbalance above 1.5, at
+    exceed ``1 + theta`` under the live assignment. ``mldc``: imbalance above 1.5, at
     least ``min_events`` events and no plan live in the last 3 schedule periods (its
     fourth rule, the plan lowers the imbalance by more than 0.3, is checked by
     :func:`plan`). ``force`` overrides either. Raises :class:`RunSkipped` otherwise.
@@ -83,7 +84,7 @@ def detect(windows: Mapping[str, Any]) -> dict[str, Any]:
     base = base_assignment(spark, inputs)
     history, current = window_history(load_rows(spark, inputs), int(inputs["n_instances"]),
                                       base.routing, base.splits)
-    since = (periods_since_last_plan(plan_store(spark), run) if p.trigger_rule == "seed004"
+    since = (periods_since_last_plan(plan_store(spark), run) if p.trigger_rule == "mldc"
              else None)
     decision, facts = decide.detect(history, current, p, int(inputs["events"]), since)
     inputs["detect"] = facts
@@ -105,7 +106,7 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
     backtest, within the planner's time limit) and replays a plan made that way on the
     held-out windows against keeping the live assignment. Raises :class:`RunSkipped`
     with both figures when it does not lower the mean realised imbalance by at least
-    ``min_backtest_gain`` (and, for ``trigger_rule`` seed004, when the plan improves MLDC
+    ``min_backtest_gain`` (and, for ``trigger_rule`` mldc, when the plan improves MLDC
     by no more than 0.3), unless forced. Otherwise the chosen planner plans on the load
     model's forecast over all the run's windows with ``theta_plan``, and the plan is
     stored with its load model, theta_plan, backtested imbalance and the reasons
@@ -156,13 +157,13 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
                         else evaluate(flat, result.assignment)).to_dict())
         planning.facts["worst_scenario_imbalance"] = worst
     reasons = list(result.notes)
-    if p.trigger_rule == "seed004":
+    if p.trigger_rule == "mldc":
         decision = trigger_policy(p).decide(
             metrics["imbalance_before"], int(inputs["events"]),
             inputs["detect"]["periods_since_last_plan"],
             predicted_imbalance=metrics["imbalance_after"], force=p.force)
         if not decision.trigger:
-            raise RunSkipped(f"{p.method}: {decision} (seed 004 trigger rules)")
+            raise RunSkipped(f"{p.method}: {decision} (MLDC trigger rules)")
     inputs["backtest"] = {
         "load_model": str(model), "theta": p.theta, "theta_plan": theta_plan,
         "decision": str(planning.decision), "reasons": planning.reasons,

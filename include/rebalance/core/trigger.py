@@ -6,7 +6,7 @@ Three pure decisions, each a :class:`Decision` with one reason for every rule th
 * :class:`ThetaTrigger` (the default ``trigger_rule`` ``theta``): plan when a majority of
   the most recent windows exceed the bound the user set, ``1 + theta``, under the live
   assignment;
-* :class:`TriggerPolicy` (the other ``trigger_rule``): the trigger rules of the MLDC
+* :class:`TriggerPolicy` (the ``trigger_rule`` ``mldc``): the trigger rules of the MLDC
   paper (Maric et al., Sec. 3.2, Table 1);
 * :class:`GainGate`: apply a plan only when, replayed on held-out recent windows, it
   beats keeping the live assignment by at least ``min_gain`` of mean realised imbalance.
@@ -111,9 +111,18 @@ class TriggerPolicy:
         return Decision(trigger=not reasons, reasons=reasons)
 
 
-#: The trigger rules a run can use (run param ``trigger_rule``): :class:`ThetaTrigger` and
-#: :class:`TriggerPolicy`.
-TRIGGER_RULES = ("theta", "seed004")
+#: The trigger rules a run can use (run param ``trigger_rule``): ``theta``
+#: (:class:`ThetaTrigger`) and ``mldc`` (:class:`TriggerPolicy`, the MLDC paper's rules).
+TRIGGER_RULES = ("theta", "mldc")
+#: Former names of trigger rules, still accepted wherever run params are read (stored run
+#: confs and plan records may carry them) and read as the current name.
+TRIGGER_RULE_ALIASES = {"seed004": "mldc"}
+
+
+def trigger_rule_name(rule):
+    """The current name of a trigger rule given by its current or former name; anything
+    else is returned as given (for the params check to name)."""
+    return TRIGGER_RULE_ALIASES.get(rule, rule) if isinstance(rule, str) else rule
 
 
 def _finite_at_least(name: str, value, low: float) -> None:
