@@ -79,16 +79,16 @@ class Feeder(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from rebalance.spark import tables
+        from rebalance.spark import delta_rs, tables
         from rebalance.streaming.generator import append_batches
 
-        log_dir = Path(tables.ASSIGNMENTS.path()) / "_delta_log"
-        commits = len(list(log_dir.glob("*.json")))
+        path = tables.ASSIGNMENTS.path()
+        newest = delta_rs.log_version(path)  # a new assignment version: a new commit
         try:
             while not self.stopped.is_set():
-                now = len(list(log_dir.glob("*.json")))
-                if now != commits:
-                    commits = now
+                now = delta_rs.log_version(path)
+                if now != newest:
+                    newest = now
                     self.target = max(self.target, self.next_batch + self.after_switch)
                 if self.next_batch < self.target:
                     append_batches(self.spark, self.generator, [self.next_batch])

@@ -25,8 +25,8 @@ class RoundTrip:
 
 def delta_round_trip(path: str | Path | None = None, spark=None) -> RoundTrip:
     """Write a small Delta table twice with commit metadata, read it and its history back."""
+    from rebalance.spark import delta_rs
     from rebalance.spark.session import get_spark
-    from rebalance.spark.tables import sql_name
 
     spark = spark or get_spark("rebalance-healthcheck")
     path = str(path or data_dir() / "healthcheck" / uuid.uuid4().hex)
@@ -35,10 +35,10 @@ def delta_round_trip(path: str | Path | None = None, spark=None) -> RoundTrip:
         meta = json.dumps({"check": "delta_round_trip", "step": version})
         df.write.format("delta").mode(mode).option("userMetadata", meta).save(path)
     rows = spark.read.format("delta").load(path).count()
-    history = spark.sql(f"DESCRIBE HISTORY {sql_name(path)}").orderBy("version").collect()
+    history = sorted(delta_rs.history(path), key=lambda c: c.version)
     return RoundTrip(
         path=path,
         rows=rows,
-        versions=[h.version for h in history],
-        user_metadata=[json.loads(h.userMetadata) for h in history],
+        versions=[c.version for c in history],
+        user_metadata=[c.metadata for c in history],
     )

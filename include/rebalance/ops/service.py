@@ -422,6 +422,8 @@ class Service:
     def _record_source(self) -> None:
         """Record the source and the job ``down`` / ``status`` go by (another source while
         it runs, or another job over a data directory with a job's tables: refused)."""
+        from rebalance.spark.delta_rs import has_log
+
         if self.s.job_app != "keyed" and self.s.events_source == "kafka":
             raise ServiceError(f"JOB={self.s.job_app} reads the events table; SOURCE=kafka "
                                "runs the built-in job only")
@@ -433,8 +435,7 @@ class Service:
                                f"`make down` before `make up SOURCE={wanted}`")
         (self.s.state / "source").write_text(wanted + "\n")
         job, held = self.s.job_app, dataclasses.replace(self.s, job=None).job_app
-        histograms = self.s.data / "tables" / "key_histograms" / "_delta_log"
-        if job != held and histograms.is_dir():
+        if job != held and has_log(self.s.data / "tables" / "key_histograms"):
             raise ServiceError(f"{self.s.data} holds the {held} job's tables; JOB={job} needs "
                                "a data directory of its own (REBALANCE_DATA_DIR)")
         (self.s.state / "job").write_text(job + "\n")

@@ -21,6 +21,7 @@ Tables are local folders (or ``file://`` URIs), as :func:`rebalance.spark.tables
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -36,12 +37,14 @@ from rebalance.spark.paths import local_path
 
 @dataclass(frozen=True)
 class Commit:
-    """One entry of a table's Delta history."""
+    """One entry of a table's Delta history: ``metadata`` is its userMetadata (parsed),
+    ``metrics`` its ``operationMetrics`` as logged (Spark writes the numbers as strings)."""
 
     version: int
     timestamp: datetime
     operation: str
     metadata: dict[str, Any]
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class DeltaRsError(RuntimeError):
@@ -61,6 +64,13 @@ def exists(path: str | Path) -> bool:
         raise ValueError(f"not a local table path: {path}")
     log = folder / "_delta_log"
     return log.is_dir() and any(log.glob("*.json"))
+
+
+def has_log(path: str | Path) -> bool:
+    """Whether a local folder has a ``_delta_log`` folder: a Delta table, or one whose
+    first commit is still to come (:func:`exists` asks for a commit). False for a URI."""
+    folder = local(path)
+    return folder is not None and (folder / "_delta_log").is_dir()
 
 
 def table(path: str | Path, version: int | None = None):
@@ -120,6 +130,39 @@ def log_version(table_path: str | Path) -> int | None:
     that finds a table unchanged costs one directory listing). None for a URI or a folder
     with no commit: the caller then reads the table itself."""
     return max(commit_versions(table_path) or [], default=None)
+
+
+def last_checkpoint(path: str | Path) -> int | None:
+    """The version of a local table's newest checkpoint, from its ``_last_checkpoint``
+    marker (one small file read); None without one, or for a URI."""
+    folder = local(path)
+    marker = None if folder is None else folder / "_delta_log" / "_last_checkpoint"
+    if marker is None or not marker.is_file():
+        return None
+    return int(json.loads(marker.read_text())["version"])
+
+
+def added_files(path: str | Path, version: int) -> list[str]:
+    """The data files commit ``version`` of a local table added (its ``add`` actions with
+    ``dataChange``; paths as logged, relative to the table), in the order of its log file:
+    the order Delta's streaming source numbers a version's files in (its offsets'
+    ``index``). :class:`DeltaRsError` when the commit's file cannot be read (removed by
+    the log's cleanup)."""
+    folder = local(path)
+    if folder is None:
+        raise ValueError(f"not a local table path: {path}")
+    try:
+        lines = (folder / "_delta_log" / f"{int(version):020d}.json").read_text().splitlines()
+    except OSError as exc:
+        raise DeltaRsError(f"{path}: commit {version}: {_first_line(exc)}") from None
+    out = []
+    for line in lines:
+        if not line.strip():
+            continue
+        add = json.loads(line).get("add")
+        if add and add.get("dataChange", True):
+            out.append(add["path"])
+    return out
 
 
 def version(path: str | Path) -> int | None:
@@ -225,7 +268,8 @@ def history(path: str | Path, limit: int | None = None) -> list[Commit]:
     out = [Commit(int(e["version"]),
                   datetime.fromtimestamp((e.get("timestamp") or 0) / 1000,
                                          timezone.utc).replace(tzinfo=None),
-                  str(e.get("operation") or ""), parse_metadata(e.get("userMetadata")))
+                  str(e.get("operation") or ""), parse_metadata(e.get("userMetadata")),
+                  dict(e.get("operationMetrics") or {}))
            for e in entries if int(e.get("version", -1)) >= 0]
     return sorted(out, key=lambda c: -c.version)
 

@@ -329,7 +329,8 @@ def _detail(spark, policy: Policy, root) -> Any:
 
 
 def _version(spark, policy: Policy, root) -> int:
-    return int(spark.sql(f"DESCRIBE HISTORY {_sql(policy, root)} LIMIT 1").first().version)
+    """The table's newest version (delta-rs; ``spark`` is not used)."""
+    return int(delta_rs.version(policy.table.path(root)))
 
 
 def _files_on_disk(path: str) -> int | None:
@@ -342,11 +343,6 @@ def _files_on_disk(path: str) -> int | None:
 def _log_entries(path: str) -> int | None:
     versions = commit_versions(path)
     return None if versions is None else len(versions)
-
-
-def _last_checkpoint(path: str) -> int | None:
-    marker = (local_path(path) or Path("/nonexistent")) / "_delta_log" / "_last_checkpoint"
-    return int(json.loads(marker.read_text())["version"]) if marker.is_file() else None
 
 
 @contextmanager
@@ -374,13 +370,12 @@ def _retrying(what: str, action: Callable[[], Any]) -> tuple[Any, int]:
 
 
 def _changed_since_optimize(spark, policy: Policy, root, limit: int = 200) -> bool:
-    """Whether a commit changed data since the table's last OPTIMIZE (within ``limit``)."""
-    rows = (spark.sql(f"DESCRIBE HISTORY {_sql(policy, root)} LIMIT {int(limit)}")
-            .select("version", "operation").collect())
-    for row in sorted(rows, key=lambda r: -r.version):
-        if row.operation == "OPTIMIZE":
+    """Whether a commit changed data since the table's last OPTIMIZE (within ``limit``;
+    the history through delta-rs, ``spark`` is not used)."""
+    for commit in delta_rs.history(policy.table.path(root), int(limit)):  # newest first
+        if commit.operation == "OPTIMIZE":
             return False
-        if row.operation not in NO_DATA_CHANGE:
+        if commit.operation not in NO_DATA_CHANGE:
             return True
     return True
 
@@ -504,9 +499,9 @@ def vacuum(spark, name: str, params: Any = None, root: str | Path | None = None,
             spark.sql(f"VACUUM {_sql(policy, root)} RETAIN {hours} HOURS").collect()
 
     _, retries = _retrying(f"vacuum {name}", run)
-    ends = [r for r in spark.sql(f"DESCRIBE HISTORY {_sql(policy, root)} LIMIT 20").collect()
-            if r.version >= first and r.operation == "VACUUM END"]
-    deleted = (ends[0].operationMetrics or {}).get("numDeletedFiles") if ends else None
+    ends = [c for c in delta_rs.history(path, 20)
+            if c.version >= first and c.operation == "VACUUM END"]
+    deleted = ends[0].metrics.get("numDeletedFiles") if ends else None
     out.update(files_on_disk_after=_files_on_disk(path),
                files_deleted=None if deleted is None else int(deleted),
                version=_version(spark, policy, root), retries=retries)
@@ -523,11 +518,12 @@ def checkpoint(spark, name: str, params: Any = None, root: str | Path | None = N
     path = policy.table.path(root)
     interval = int((_detail(spark, policy, root).properties or {})
                    .get("delta.checkpointInterval", 10))
-    out.update(checkpoint_interval=interval, checkpoint_before=_last_checkpoint(path))
+    out.update(checkpoint_interval=interval, checkpoint_before=delta_rs.last_checkpoint(path))
     jspark = getattr(spark, "_jsparkSession", None)
     if jspark is None:  # Spark Connect: no JVM here; Delta checkpoints every `interval` commits
         return {**out, "mode": "automatic", "version": _version(spark, policy, root),
-                "checkpoint_version": _last_checkpoint(path), "log_entries": _log_entries(path)}
+                "checkpoint_version": delta_rs.last_checkpoint(path),
+                "log_entries": _log_entries(path)}
     jvm = spark._jvm
     none = jvm.scala.Option.empty()
     delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(jspark, path)

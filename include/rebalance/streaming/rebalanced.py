@@ -242,7 +242,7 @@ def control_path(checkpoint: str) -> str:
 
 def ensure_control(spark: SparkSession, checkpoint: str) -> str:
     path = control_path(checkpoint)
-    if not (Path(path) / "_delta_log").exists():
+    if not delta_rs.exists(path):
         spark.createDataFrame([], CONTROL_DDL).write.format("delta").mode("ignore").save(path)
     return path
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from rebalance.spark import delta_rs
 from rebalance.streaming.restart_control import Generation, RestartError
 
 
@@ -98,20 +99,9 @@ def checkpoint_partitions(checkpoint: str) -> int | None:
 
 
 def version_files(spark: SparkSession, table_path: str, version: int) -> list[str]:
-    """File names of the data files a Delta commit added, in the order of its log."""
-    log_file = f"{table_path}/_delta_log/{version:020d}.json"
-    local = Path(log_file.removeprefix("file:"))
-    lines = (local.read_text().splitlines() if "://" not in log_file and local.exists()
-             else [row.value for row in spark.read.text(log_file).collect()])
-    names = []
-    for line in lines:
-        if not line.strip():
-            continue
-        action = json.loads(line)
-        add = action.get("add")
-        if add and add.get("dataChange", True):
-            names.append(add["path"].rsplit("/", 1)[-1])
-    return names
+    """File names of the data files a Delta commit added, in the order of its log
+    (:func:`rebalance.spark.delta_rs.added_files`; ``spark`` is not used)."""
+    return [p.rsplit("/", 1)[-1] for p in delta_rs.added_files(table_path, version)]
 
 
 def source_after(spark: SparkSession, table_path: str, offset: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ re-keys it, :func:`write_state` writes it as a new generation's ``initialState``
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rebalance.core.placement import default_instances
-from rebalance.spark import tables
+from rebalance.spark import delta_rs, tables
 from rebalance.streaming.processor import (
     HANDOFF_COLUMNS_DDL,
     HANDOFF_EXPORT,
@@ -195,7 +194,7 @@ def handoff_table(checkpoint: str) -> str:
 def ensure_handoff_table(spark: SparkSession, checkpoint: str) -> str:
     """Create the (empty) handoff table of a checkpoint if needed; return its path."""
     path = handoff_table(checkpoint)
-    if not (Path(path) / "_delta_log").is_dir():
+    if not delta_rs.exists(path):
         spark.sql(f"CREATE TABLE IF NOT EXISTS {tables.sql_name(path)} ({HANDOFF_DDL}) "
                   "USING delta")
     return path
@@ -225,8 +224,7 @@ def append_export(spark: SparkSession, checkpoint: str, routing: dict[str, int],
     (handoff_frame(spark, rows).coalesce(1).write.format("delta").mode("append")
      .option("txnAppId", f"export:{request_id}").option("txnVersion", 1)
      .option("userMetadata", json.dumps({"export": request_id})).save(path))
-    for row in spark.sql(f"DESCRIBE HISTORY {tables.sql_name(path)}").select(
-            "version", "userMetadata").collect():
-        if row.userMetadata and json.loads(row.userMetadata).get("export") == request_id:
-            return int(row.version)
+    for commit in delta_rs.commits(path):  # newest first, in pages (delta-rs)
+        if commit.metadata.get("export") == request_id:
+            return commit.version
     raise RuntimeError(f"the export of request {request_id} is not in {path}")
