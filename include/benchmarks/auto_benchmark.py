@@ -46,10 +46,10 @@ JOB_WINDOWS_HELD = 3
 
 def _seed003(n_keys, n_instances, zipf, theta, max_table):
     from rebalance.core.model import PlanParams
-    from rebalance.core.synthetic import SEED003_STATE_WINDOW, SyntheticConfig, SyntheticWorkload
+    from rebalance.core.synthetic import SLIDING_STATE_WINDOW, SyntheticConfig, SyntheticWorkload
 
     w = SyntheticWorkload(SyntheticConfig(n_keys=n_keys, n_instances=n_instances, zipf=zipf,
-                                          fluctuation=1.0, state_window=SEED003_STATE_WINDOW,
+                                          fluctuation=1.0, state_window=SLIDING_STATE_WINDOW,
                                           seed=0))
     params = PlanParams(theta=theta, max_table=max_table)
     return (lambda i, current: w.problem(i, current)), w.default, params

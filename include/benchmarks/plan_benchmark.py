@@ -7,7 +7,7 @@ Scenarios (workload: :mod:`rebalance.core.synthetic`, seed 0):
 
 * (a) seed 003's defaults: Zipf 0.85, K = 10^4 keys, N = 15 instances, fluctuation f = 1,
   theta = 0.08, A_max = 3000, 50 intervals, and seed 003's state model S(k, w) with
-  w = 10 (``SyntheticConfig.state_window = SEED003_STATE_WINDOW``: a key's state is its
+  w = 10 (``SyntheticConfig.state_window = SLIDING_STATE_WINDOW``: a key's state is its
   events over its last 10 intervals, see :mod:`rebalance.core.synthetic`). A warm-up plan on
   interval 0 starts from the default placement (not counted: it is a one-off move away
   from plain hashing); then each interval i = 1..50 is planned from the assignment the
@@ -61,7 +61,7 @@ from pathlib import Path
 from rebalance.core.methods import METHODS
 
 ALL_PLANNERS = METHODS  # every planner of the registry (rebalance.core.methods: numpy-free)
-W003 = 10  # rebalance.core.synthetic.SEED003_STATE_WINDOW (not imported: the parent stays numpy-free)
+W003 = 10  # rebalance.core.synthetic.SLIDING_STATE_WINDOW (not imported: the parent stays numpy-free)
 _A = dict(n_keys=10_000, n_instances=15, zipf=0.85, fluctuation=1.0, theta=0.08, max_table=3000,
           intervals=50, quick_intervals=10, state_window=W003)
 SCENARIOS = {

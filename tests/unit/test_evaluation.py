@@ -169,7 +169,7 @@ def test_quick_bench_end_to_end(tmp_path, capsys):
     pngs = list(tmp_path.glob("*.png"))
     assert pngs and all(p.stat().st_size > 1000 for p in pngs)
     # planners that rebalance beat doing nothing on the planned window
-    s = summary[summary["sweep"] == "seed003"].set_index("planner")
+    s = summary[summary["sweep"] == "zipf"].set_index("planner")
     assert s.loc["mixed", "imbalance_after"] < s.loc["hash", "imbalance_after"]
 
 
@@ -224,3 +224,31 @@ def test_bench_scale_runs_the_whole_command_and_plots_time_against_k(tmp_path, c
 def test_bench_scale_refuses_bad_keys(capsys):
     assert main(["bench", "--experiment", "scale", "--keys", "ten"]) == 2
     assert "--keys" in capsys.readouterr().err
+
+
+def test_the_experiments_former_names_still_work(tmp_path, capsys):
+    """seed003-sweeps, seed002-budgets, seed001-elb-clb and seed001-baselines are read as
+    zipf-sweeps, migration-budgets, elb-clb and hash-routings: by the harness, the plots
+    and ``rebalance bench`` (which says the current name), whose help lists only those."""
+    from rebalance.cli import evaluate as cli_bench
+    from rebalance.evaluation import experiments as ex
+
+    assert cli_bench.EXPERIMENTS == (*ex.EXPERIMENTS, "scale")
+    assert cli_bench.EXPERIMENT_ALIASES == ex.EXPERIMENT_ALIASES
+    settings = Settings(intervals=2)
+    for former, current in ex.EXPERIMENT_ALIASES.items():
+        assert ex.experiment_name(former) == current and current in ex.EXPERIMENTS
+        assert [p.labels for p in build(former, settings)] == \
+            [p.labels for p in build(current, settings)]
+    code = main(["bench", "--experiment", "seed001-elb-clb", "--intervals", "2",
+                 "--planners", "hash", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    cap = capsys.readouterr()
+    assert cap.err.strip() == ("rebalance bench: --experiment seed001-elb-clb is now named "
+                               "elb-clb (the former name still works)")
+    assert set(pd.read_csv(tmp_path / "results.csv")["experiment"]) == {"elb-clb"}
+    assert {p.name for p in tmp_path.glob("*.png")} == {"elb_clb_variance.png",
+                                                         "elb_clb_movement.png"}
+    assert main(["bench", "--help"]) == 0
+    usage = capsys.readouterr().out
+    assert "--experiment {quick,zipf-sweeps,migration-budgets,elb-clb,hash-routings," in usage

@@ -449,8 +449,8 @@ def test_trigger_fuzz(root, capsys, data):
 @st.composite
 def bench_cases(draw, root: Path):
     ex = Example(root)
-    experiment = draw(st.sampled_from(["quick", "seed003-sweeps", "seed002-budgets",
-                                       "seed001-elb-clb", "replay", "scale"]))
+    experiment = draw(st.sampled_from(["quick", "zipf-sweeps", "migration-budgets",
+                                       "elb-clb", "seed003-sweeps", "replay", "scale"]))
     names = ["seed", "intervals", "runs", "theta", "time_limit", "planners", "out",
              "experiment"]
     if experiment == "scale":

@@ -114,12 +114,12 @@ def test_state_model():
     assert (flat.size_factor == 1.0).all()
 
 
-def test_state_window_is_seed003_sliding_window():
+def test_state_window_is_the_papers_sliding_window():
     """S(k, w): overhead + bytes/event x factor x the key's events over its last w
     intervals (those that exist at the start); w = 1 is the current-interval state."""
-    from rebalance.core.synthetic import SEED003_STATE_WINDOW
+    from rebalance.core.synthetic import SLIDING_STATE_WINDOW
 
-    assert SEED003_STATE_WINDOW == 10
+    assert SLIDING_STATE_WINDOW == 10
     base = dict(n_keys=300, n_instances=4, fluctuation=0.5, seed=2)
     cur = SyntheticWorkload(SyntheticConfig(**base))
     assert cur.config.state_window == 1  # the library default: current interval

@@ -2,16 +2,19 @@
 
 Experiments (``--experiment``):
 
-  quick            one small point of each seed workload (well under a minute)
-  seed003-sweeps   seed 003 Figs. 8-12: sweeps of N, theta, K, f, A_max (Zipf, fluctuation)
-  seed002-budgets  seed 002 Figs. 2-4: MILP vs Flux-style moves under 10/20/30/40 migrations,
-                   20/40/60 instances with 400/800/1200 key groups
-  seed001-elb-clb  seed 001 Sec. 5.1: Gaussian vs Zipf substreams, ELB vs CLB (amortised)
-  seed001-baselines
-                   seed 001 Sec. 5: its baselines UHLB (one universal hash) and PKG (each
-                   tuple to the less-loaded of two hashed instances) and D-Choices next
-                   to ELB, CLB, auto and hash at N = 10: imbalance, state moved, and what
-                   merging the split keys costs; then the speedup over N = 1..15
+  quick            one small point of each paper's workload (well under a minute)
+  zipf-sweeps      Fang et al., Figs. 8-12: sweeps of N, theta, K, f, A_max (Zipf,
+                   fluctuation)
+  migration-budgets
+                   Madsen et al., Figs. 2-4: MILP vs Flux-style moves under 10/20/30/40
+                   migrations, 20/40/60 instances with 400/800/1200 key groups
+  elb-clb          the ELB/CLB paper, Sec. 5.1: Gaussian vs Zipf substreams, ELB vs CLB
+                   (amortised)
+  hash-routings    the ELB/CLB paper, Sec. 5: its baselines UHLB (one universal hash) and
+                   PKG (each tuple to the less-loaded of two hashed instances) and
+                   D-Choices next to ELB, CLB, auto and hash at N = 10: imbalance, state
+                   moved, and what merging the split keys costs; then the speedup over
+                   N = 1..15
   replay           a histogram table the streaming job wrote (--histograms, --instances)
   scale            the whole `rebalance plan` command at K = 10^4 .. 10^7 keys (N = 64,
                    theta 0.02, Zipf 0.7, one window): wall, input and plan seconds, peak
@@ -25,6 +28,9 @@ mixed, greedy, auto), flux, and the hash routings uhlb (one hash), pkg, dchoices
 wchoices (these three split hot keys over several instances); the routings are compared
 here only, ``rebalance plan`` cannot apply them. ``name@m`` rebalances every m intervals
 only.
+
+Former experiment names, still accepted: seed003-sweeps (zipf-sweeps), seed002-budgets
+(migration-budgets), seed001-elb-clb (elb-clb), seed001-baselines (hash-routings).
 """
 
 from __future__ import annotations
@@ -37,12 +43,25 @@ from pathlib import Path
 
 from rebalance.core.defaults import theta_problem
 
-#: The experiments (``rebalance.evaluation.experiments.EXPERIMENTS`` and ``scale``); listed
-#: here so that building the parser imports neither pandas nor the experiments (1 s of
-#: every ``rebalance`` command's start, measured in issue 11).
-EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb",
-               "seed001-baselines", "replay", "scale")
-#: Refused above these (issue 14): ``--keys`` of the scale experiment (10^7 keys peak at
+#: The experiments (``rebalance.evaluation.experiments.EXPERIMENTS`` and ``scale``) and
+#: their former names (``EXPERIMENT_ALIASES`` there); listed here so that building the
+#: parser imports neither pandas nor the experiments (1 s of every ``rebalance`` command's
+#: start).
+EXPERIMENTS = ("quick", "zipf-sweeps", "migration-budgets", "elb-clb", "hash-routings",
+               "replay", "scale")
+EXPERIMENT_ALIASES = {"seed003-sweeps": "zipf-sweeps", "seed002-budgets": "migration-budgets",
+                      "seed001-elb-clb": "elb-clb", "seed001-baselines": "hash-routings"}
+
+
+class _Choices(tuple):
+    """``--experiment``'s choices: the current names, which help and errors list; a former
+    name is a choice too (``run_bench`` reads it as the current one)."""
+
+    def __contains__(self, name) -> bool:
+        return tuple.__contains__(self, EXPERIMENT_ALIASES.get(name, name))
+
+
+#: Refused above these: ``--keys`` of the scale experiment (10^7 keys peak at
 #: about 3 GB RSS; 5 x 10^7 is the most this 24 GiB machine plans with room to spare) and
 #: ``--intervals`` (each interval is a whole plan of every planner).
 MAX_SCALE_KEYS = 50_000_000
@@ -59,7 +78,7 @@ def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser(
         "bench", help="replay workloads and compare every planner (tables and PNG plots)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experiment", default="quick", choices=EXPERIMENTS,
+    p.add_argument("--experiment", default="quick", choices=_Choices(EXPERIMENTS),
                    help="experiment to run (default quick)")
     p.add_argument("--planners", metavar="A,B,C",
                    help="comma-separated planners instead of the experiment's own")
@@ -70,7 +89,7 @@ def add_subcommands(subparsers) -> None:
                         "window_start, key, count, cost, state_bytes")
     p.add_argument("--instances", type=int, metavar="N", help="replay: number of instances")
     p.add_argument("--theta", type=float, metavar="T",
-                   help="imbalance bound instead of the experiment's (seed003-sweeps: swept)")
+                   help="imbalance bound instead of the experiment's (zipf-sweeps: swept)")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="seconds per plan for planners that search (milp, auto); default 2 "
                         "(quick: 0.5)")
@@ -178,7 +197,7 @@ def format_table(summary, columns=TABLE_COLUMNS) -> str:
     return "\n".join(lines).rstrip()
 
 
-#: seed001-baselines: the N = 10 table's columns (see ``format_seed001_baselines``).
+#: hash-routings: the N = 10 table's columns (see ``format_hash_routings``).
 BASELINE_COLUMNS = (("planner", "planner", 1), ("imbalance", "imbalance_next", 1),
                     ("worst", "imbalance_next_max", 1), ("var/mean^2", "load_var_next", 1),
                     ("moved %/window", "migration_fraction", 100),
@@ -188,8 +207,8 @@ BASELINE_COLUMNS = (("planner", "planner", 1), ("imbalance", "imbalance_next", 1
                     ("d", "choices", 1), ("speedup", "speedup", 1))
 
 
-def format_seed001_baselines(summary) -> str:
-    """seed001-baselines: one table per N = 10 stream, then speedup against N."""
+def format_hash_routings(summary) -> str:
+    """hash-routings: one table per N = 10 stream, then speedup against N."""
     if summary.empty:
         return "(no results)"
     lines = []
@@ -241,7 +260,13 @@ def _fmt(value) -> str:
 
 
 def run_bench(args) -> int:
+    former = args.experiment if args.experiment in EXPERIMENT_ALIASES else None
+    if former:
+        args.experiment = EXPERIMENT_ALIASES[former]
     _check(args)
+    if former:
+        print(f"rebalance bench: --experiment {former} is now named {args.experiment} (the "
+              f"former name still works)", file=sys.stderr)
     out = Path(args.out)
     created = not out.exists()
     try:
@@ -274,7 +299,7 @@ def _run_experiment(args) -> int:
     results.to_csv(out / "results.csv", index=False)
     summary.to_csv(out / "summary.csv", index=False)
     pngs = [] if args.no_plots else plot_experiment(args.experiment, results, summary, out)
-    print(format_seed001_baselines(summary) if args.experiment == "seed001-baselines"
+    print(format_hash_routings(summary) if args.experiment == "hash-routings"
           else format_table(summary))
     print(f"\n{len(results)} rows, {len(points)} point(s), {time.perf_counter() - t0:.1f} s; "
           f"wrote {out / 'results.csv'}, {out / 'summary.csv'}"

@@ -10,7 +10,7 @@ the same frequencies (same seeds), so the streaming job sees this very workload.
 State is the paper's S(k, w): a fixed cost per key plus its events over its last ``w``
 intervals (``SyntheticConfig.state_window``) times a per-key record-size factor. w = 1,
 the default, is the current-interval model of the evaluation package;
-:data:`SEED003_STATE_WINDOW` (w = 10) is the planner benchmark's, under which a recently
+:data:`SLIDING_STATE_WINDOW` (w = 10) is the planner benchmark's, under which a recently
 hot key still holds a lot of state, as in the paper. The model in full:
 ``docs/planning.md``, "Synthetic workload".
 """
@@ -27,7 +27,7 @@ from rebalance.core.placement import default_instances
 
 CHUNK = 256  # pairs drawn per round; part of the random stream, so part of the behaviour
 #: The w of the sliding state window S(k, w) that the planner benchmark uses (w = 10).
-SEED003_STATE_WINDOW = 10
+SLIDING_STATE_WINDOW = 10
 
 
 def zipf_weights(n_keys: int, exponent: float) -> np.ndarray:
@@ -152,7 +152,7 @@ class SyntheticConfig:
 
     The state window defaults to 1 (current-interval state, what the evaluation package
     expects); the paper's S(k, w) with its sliding window is ``state_window=
-    SEED003_STATE_WINDOW`` (10), the default of the planner benchmark's scenarios.
+    SLIDING_STATE_WINDOW`` (10), the default of the planner benchmark's scenarios.
     """
 
     n_keys: int = 10_000
@@ -164,7 +164,7 @@ class SyntheticConfig:
     key_overhead: float = 512.0
     state_sigma: float = 0.5
     #: w of the paper's S(k, w): state = the key's events over its last w intervals
-    #: (1 = the current interval only; the benchmark uses SEED003_STATE_WINDOW = 10).
+    #: (1 = the current interval only; the benchmark uses SLIDING_STATE_WINDOW = 10).
     state_window: int = 1
     seed: int = 0
 

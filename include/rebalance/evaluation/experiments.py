@@ -2,16 +2,20 @@
 replayed by :func:`rebalance.evaluation.runner.replay` (one flat ``results.csv``).
 
 * ``quick``: one small point of each paper's workload; well under a minute (used by a test).
-* ``seed003-sweeps``: Fang et al., Figs. 8-12 and 17: sweeps of N, theta, K, f and A_max
+* ``zipf-sweeps``: Fang et al., Figs. 8-12 and 17: sweeps of N, theta, K, f and A_max
   around the defaults (z = 0.85, f = 1, theta = 0.08, beta = 1.5, A_max = 3000).
-* ``seed002-budgets``: Madsen et al., Figs. 2-4: MILP vs Flux-style moves (and Maric et
+* ``migration-budgets``: Madsen et al., Figs. 2-4: MILP vs Flux-style moves (and Maric et
   al.'s greedy) under a budget of 10/20/30/40 migrations, 20/40/60 nodes with
   400/800/1200 key groups, node perturbation ``varies`` 20 % and 60 %.
-* ``seed001-elb-clb``: the ELB/CLB paper, Sec. 5.1: Gaussian vs Zipf substreams, ELB every
+* ``elb-clb``: the ELB/CLB paper, Sec. 5.1: Gaussian vs Zipf substreams, ELB every
   window vs CLB every m windows (per-rebalance and amortised movement), re-pack and hash.
-* ``seed001-baselines``: the ELB/CLB paper, Sec. 5: its baselines UHLB and PKG (and
-  D-Choices) next to ELB, CLB, auto and hash at N = 10, and the speedup over N = 1..15.
+* ``hash-routings``: the ELB/CLB paper, Sec. 5: its baselines, the hash routings UHLB and
+  PKG (and D-Choices), next to ELB, CLB, auto and hash at N = 10, and the speedup over
+  N = 1..15.
 * ``replay``: a histogram table of the streaming job, every planner.
+
+The experiments' former names (``seed003-sweeps``, ``seed002-budgets``, ``seed001-elb-clb``,
+``seed001-baselines``) are still accepted (:data:`EXPERIMENT_ALIASES`).
 """
 
 from __future__ import annotations
@@ -35,8 +39,16 @@ from rebalance.evaluation.workloads import (
 )
 
 #: The replay experiments (``rebalance bench`` also has ``scale``, :mod:`.scale`).
-EXPERIMENTS = ("quick", "seed003-sweeps", "seed002-budgets", "seed001-elb-clb",
-               "seed001-baselines", "replay")
+EXPERIMENTS = ("quick", "zipf-sweeps", "migration-budgets", "elb-clb", "hash-routings",
+               "replay")
+#: Former names of experiments, still accepted: each is read as the name it maps to.
+EXPERIMENT_ALIASES = {"seed003-sweeps": "zipf-sweeps", "seed002-budgets": "migration-budgets",
+                      "seed001-elb-clb": "elb-clb", "seed001-baselines": "hash-routings"}
+
+
+def experiment_name(name: str) -> str:
+    """The current name of an experiment given by its current or former name."""
+    return EXPERIMENT_ALIASES.get(name, name)
 
 
 @dataclass
@@ -70,15 +82,15 @@ def _specs(default: str, settings: Settings) -> list[PlannerSpec]:
 
 # ----------------------------------------------------------------- Fang et al.: sweeps
 
-SEED003_DEFAULTS = dict(K=10_000, N=15, z=0.85, f=1.0, theta=0.08, A_max=3000)
-SEED003_SWEEPS = {
+SWEEP_DEFAULTS = dict(K=10_000, N=15, z=0.85, f=1.0, theta=0.08, A_max=3000)
+SWEEPS = {
     "N": [5, 10, 15, 20, 30, 40],
     "theta": [0.02, 0.05, 0.08, 0.2, 0.5],
     "K": [5_000, 10_000, 100_000],
     "f": [0.25, 0.5, 1.0, 1.5, 2.0],
     "A_max": [0, 100, 300, 1000, 3000],
 }
-SEED003_PLANNERS = "hash,mintable,minmig,mixed,greedy,auto"
+SWEEP_PLANNERS = "hash,mintable,minmig,mixed,greedy,auto"
 
 
 def _sweep_point(sweep: str, values: dict[str, Any], specs, intervals: int, seed: int,
@@ -93,13 +105,13 @@ def _sweep_point(sweep: str, values: dict[str, Any], specs, intervals: int, seed
         planners=specs, params=params, intervals=intervals)
 
 
-def seed003_sweeps(settings: Settings, sweeps: dict[str, list] | None = None,
-                   defaults: dict[str, Any] | None = None) -> list[Point]:
+def zipf_sweeps(settings: Settings, sweeps: dict[str, list] | None = None,
+                defaults: dict[str, Any] | None = None) -> list[Point]:
     intervals = settings.intervals or 11
-    specs = _specs(SEED003_PLANNERS, settings)
-    base = dict(SEED003_DEFAULTS, **(defaults or {}))
+    specs = _specs(SWEEP_PLANNERS, settings)
+    base = dict(SWEEP_DEFAULTS, **(defaults or {}))
     points = []
-    for name, values in (sweeps or SEED003_SWEEPS).items():
+    for name, values in (sweeps or SWEEPS).items():
         for value in values:
             points.append(_sweep_point(name, dict(base, **{name: value}), specs, intervals,
                                        settings.seed, settings.time_limit or 2.0))
@@ -108,21 +120,22 @@ def seed003_sweeps(settings: Settings, sweeps: dict[str, list] | None = None,
 
 # -------------------------------------------------------------- Madsen et al.: budgets
 
-SEED002_CLUSTERS = [(20, 400), (40, 800), (60, 1200)]
-SEED002_BUDGETS = [10, 20, 30, 40]
-SEED002_VARIES = [0.2, 0.6]
-SEED002_PLANNERS = "milp,flux,greedy"
-SEED002_THETA = 0.01
+BUDGET_CLUSTERS = [(20, 400), (40, 800), (60, 1200)]
+BUDGETS = [10, 20, 30, 40]
+BUDGET_VARIES = [0.2, 0.6]
+BUDGET_PLANNERS = "milp,flux,greedy"
+BUDGET_THETA = 0.01
 
 
-def seed002_budgets(settings: Settings, clusters=None, budgets=None, varies=None) -> list[Point]:
+def migration_budgets(settings: Settings, clusters=None, budgets=None,
+                      varies=None) -> list[Point]:
     intervals = settings.intervals or 3
-    specs = _specs(SEED002_PLANNERS, settings)
-    theta = settings.theta or SEED002_THETA
+    specs = _specs(BUDGET_PLANNERS, settings)
+    theta = settings.theta or BUDGET_THETA
     points = []
-    for n, g in clusters or SEED002_CLUSTERS:
-        for var in varies or SEED002_VARIES:
-            for budget in budgets or SEED002_BUDGETS:
+    for n, g in clusters or BUDGET_CLUSTERS:
+        for var in varies or BUDGET_VARIES:
+            for budget in budgets or BUDGETS:
                 params = PlanParams(theta=theta, budget_keys=budget,
                                     time_limit=settings.time_limit or 2.0, seed=settings.seed)
                 points.append(Point(
@@ -136,13 +149,13 @@ def seed002_budgets(settings: Settings, clusters=None, budgets=None, varies=None
 
 # ---------------------------------------------------- the ELB/CLB paper: ELB, CLB, baselines
 
-SEED001_PLANNERS = "hash,elb,clb@24,lpt"
+ELB_CLB_PLANNERS = "hash,elb,clb@24,lpt"
 
 
-def seed001_elb_clb(settings: Settings, instances: Sequence[int] = (5, 10, 15),
-                    thetas: Sequence[float] = (0.1, 0.2), n_substreams: int = 100) -> list[Point]:
+def elb_clb(settings: Settings, instances: Sequence[int] = (5, 10, 15),
+            thetas: Sequence[float] = (0.1, 0.2), n_substreams: int = 100) -> list[Point]:
     intervals = settings.intervals or 121
-    specs = _specs(SEED001_PLANNERS, settings)
+    specs = _specs(ELB_CLB_PLANNERS, settings)
     points = []
     for theta in ([settings.theta] if settings.theta else thetas):
         for dist in ("gaussian", "zipf"):
@@ -158,23 +171,23 @@ def seed001_elb_clb(settings: Settings, instances: Sequence[int] = (5, 10, 15),
     return points
 
 
-SEED001_BASELINES = "hash,uhlb,pkg,dchoices,elb,clb@24,auto"
-#: The baselines experiment's (label, distribution, number of keys) of the N = 10
+HASH_ROUTING_PLANNERS = "hash,uhlb,pkg,dchoices,elb,clb@24,auto"
+#: The hash-routings experiment's (label, distribution, number of keys) of the N = 10
 #: comparison. The paper compares on a Twitter word count we do not have: "words" stands
 #: in for it (1000 keys, Zipf 1, the same traffic model as its synthetic substreams).
-SEED001_STREAMS = (("substreams", "zipf", 100), ("substreams", "gaussian", 100),
+HASH_ROUTING_STREAMS = (("substreams", "zipf", 100), ("substreams", "gaussian", 100),
                    ("words", "zipf", 1000))
-SEED001_SPEEDUP_N = tuple(range(1, 16))
+SPEEDUP_N = tuple(range(1, 16))
 
 
-def seed001_baselines(settings: Settings, speedup_n: Sequence[int] = SEED001_SPEEDUP_N,
-                      streams=SEED001_STREAMS, n_instances: int = 10) -> list[Point]:
+def hash_routings(settings: Settings, speedup_n: Sequence[int] = SPEEDUP_N,
+                  streams=HASH_ROUTING_STREAMS, n_instances: int = 10) -> list[Point]:
     """The ELB/CLB paper, Sec. 5: its baselines UHLB and PKG (and D-Choices) against ELB,
     CLB, the project's default (auto) and plain hash. Part 1: N = 10 on each stream of
     ``streams``, 121 windows (120 routed or planned). Part 2: the speedup over
     N = 1..15 on the Zipf substreams, 49 windows each (two CLB rebalances). With
     ``--intervals I`` both parts use I windows (the quick mode: a few)."""
-    specs = _specs(SEED001_BASELINES, settings)
+    specs = _specs(HASH_ROUTING_PLANNERS, settings)
     theta = settings.theta or 0.1
     params = PlanParams(theta=theta, time_limit=settings.time_limit or 2.0,
                         seed=settings.seed)
@@ -201,18 +214,18 @@ def quick(settings: Settings) -> list[Point]:
     seed = settings.seed
     specs = settings.planners
     points = [
-        Point(labels=dict(sweep="seed003", K=2000, N=8, z=0.85, f=1.0, theta=0.08, A_max=300),
+        Point(labels=dict(sweep="zipf", K=2000, N=8, z=0.85, f=1.0, theta=0.08, A_max=300),
               make_trace=lambda: zipf_trace(2000, 8, intervals=intervals, seed=seed),
               planners=parse_planners(specs or "hash,greedy,mixed,mintable,flux"),
               params=PlanParams(theta=0.08, max_table=300, time_limit=tl, seed=seed),
               intervals=intervals),
-        Point(labels=dict(sweep="seed002", N=10, G=100, varies=0.4, budget=10, theta=0.01),
+        Point(labels=dict(sweep="perturbation", N=10, G=100, varies=0.4, budget=10, theta=0.01),
               make_trace=lambda: perturbation_trace(10, 100, intervals=intervals, varies=0.4,
                                                     seed=seed),
               planners=parse_planners(specs or "milp,flux,greedy"),
               params=PlanParams(theta=0.01, budget_keys=10, time_limit=tl, seed=seed),
               intervals=intervals),
-        Point(labels=dict(sweep="seed001", distribution="zipf", N=5, p=50, theta=0.1),
+        Point(labels=dict(sweep="substreams", distribution="zipf", N=5, p=50, theta=0.1),
               make_trace=lambda: substream_trace("zipf", 50, 5, intervals=3 * intervals,
                                                  seed=seed),
               planners=parse_planners(specs or f"hash,elb,clb@{intervals},uhlb,pkg"),
@@ -247,16 +260,17 @@ def _first_intervals(trace: Trace, n: int) -> Trace:
 def build(experiment: str, settings: Settings) -> list[Point]:
     if settings.intervals is not None and settings.intervals < 2:
         raise PlanningError(f"--intervals must be >= 2, got {settings.intervals}")
+    experiment = experiment_name(experiment)
     if experiment == "quick":
         return quick(settings)
-    if experiment == "seed003-sweeps":
-        return seed003_sweeps(settings)
-    if experiment == "seed002-budgets":
-        return seed002_budgets(settings)
-    if experiment == "seed001-elb-clb":
-        return seed001_elb_clb(settings)
-    if experiment == "seed001-baselines":
-        return seed001_baselines(settings)
+    if experiment == "zipf-sweeps":
+        return zipf_sweeps(settings)
+    if experiment == "migration-budgets":
+        return migration_budgets(settings)
+    if experiment == "elb-clb":
+        return elb_clb(settings)
+    if experiment == "hash-routings":
+        return hash_routings(settings)
     if experiment == "replay":
         return replay_points(settings)
     raise PlanningError(f"unknown experiment {experiment!r}; choose one of "
@@ -274,7 +288,8 @@ def run(experiment: str, points: Sequence[Point],
     for i, point in enumerate(points):
         trace = point.make_trace()
         for row in replay(trace, point.planners, point.params, point.window, progress):
-            rows.append(dict(experiment=experiment, point=i, **point.labels, **row))
+            rows.append(dict(experiment=experiment_name(experiment), point=i,
+                             **point.labels, **row))
     return pd.DataFrame(rows)
 
 

@@ -38,7 +38,7 @@ def _lines(ax, frame: pd.DataFrame, x: str, y: str, by: str = "planner", logx: b
     ax.grid(alpha=0.3)
 
 
-def plot_seed003(summary: pd.DataFrame, out: Path, prefix: str = "seed003") -> list[Path]:
+def plot_sweeps(summary: pd.DataFrame, out: Path, prefix: str = "zipf_sweeps") -> list[Path]:
     """One figure per swept parameter: imbalance, migration and plan time vs the parameter."""
     plt = _pyplot()
     paths = []
@@ -52,12 +52,13 @@ def plot_seed003(summary: pd.DataFrame, out: Path, prefix: str = "seed003") -> l
             ax.set_title(title)
         axes[2].set_yscale("log")
         axes[0].legend(fontsize=7)
-        fig.suptitle(f"seed 003 sweep of {sweep} (other parameters at their defaults)")
+        fig.suptitle(f"Zipf workload: sweep of {sweep} (other parameters at their defaults)")
         paths.append(_save(fig, out / f"{prefix}_{sweep}.png"))
     return paths
 
 
-def plot_seed002(summary: pd.DataFrame, out: Path, prefix: str = "seed002") -> list[Path]:
+def plot_budgets(summary: pd.DataFrame, out: Path,
+                 prefix: str = "migration_budgets") -> list[Path]:
     """Load distance after the plan vs the migration budget, one panel per cluster."""
     plt = _pyplot()
     clusters = summary[["N", "G"]].drop_duplicates().sort_values("N").to_numpy().tolist()
@@ -76,12 +77,12 @@ def plot_seed002(summary: pd.DataFrame, out: Path, prefix: str = "seed002") -> l
             ax.set_xlabel("migration budget (key groups)")
             ax.set_yscale("log")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("seed 002: load distance after one plan under a migration budget")
-    return [_save(fig, out / f"{prefix}_budgets.png")]
+    fig.suptitle("Load distance after one plan under a migration budget")
+    return [_save(fig, out / f"{prefix}.png")]
 
 
-def plot_seed001(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
-                 prefix: str = "seed001", n_show: int | None = None) -> list[Path]:
+def plot_elb_clb(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
+                 prefix: str = "elb_clb", n_show: int | None = None) -> list[Path]:
     """Realised load variance over time (Gaussian vs Zipf) and state movement per planner."""
     plt = _pyplot()
     paths = []
@@ -123,8 +124,8 @@ def plot_seed001(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
     return paths
 
 
-def plot_seed001_baselines(summary: pd.DataFrame, out: Path,
-                           prefix: str = "seed001_baselines") -> list[Path]:
+def plot_hash_routings(summary: pd.DataFrame, out: Path,
+                       prefix: str = "hash_routings") -> list[Path]:
     """N = 10: realised imbalance and state moved / merged per planner and stream; then
     the speedup against N with the ideal line."""
     plt = _pyplot()
@@ -190,17 +191,21 @@ def plot_generic(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
 
 def plot_experiment(experiment: str, results: pd.DataFrame, summary: pd.DataFrame,
                     out: str | Path) -> list[Path]:
-    """Every PNG of ``experiment`` into ``out``; returns their paths."""
+    """Every PNG of ``experiment`` (its name or a former one) into ``out``; returns their
+    paths, named after the experiment (``zipf_sweeps_N.png``, ...)."""
+    from rebalance.evaluation.experiments import experiment_name
+
+    experiment = experiment_name(experiment)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if results.empty:
         return []
-    if experiment == "seed003-sweeps":
-        return plot_seed003(summary, out)
-    if experiment == "seed002-budgets":
-        return plot_seed002(summary, out)
-    if experiment == "seed001-elb-clb":
-        return plot_seed001(results, summary, out)
-    if experiment == "seed001-baselines":
-        return plot_seed001_baselines(summary, out)
+    if experiment == "zipf-sweeps":
+        return plot_sweeps(summary, out)
+    if experiment == "migration-budgets":
+        return plot_budgets(summary, out)
+    if experiment == "elb-clb":
+        return plot_elb_clb(results, summary, out)
+    if experiment == "hash-routings":
+        return plot_hash_routings(summary, out)
     return plot_generic(results, summary, out, experiment.replace("-", "_"))

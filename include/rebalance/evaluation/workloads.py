@@ -84,7 +84,7 @@ def zipf_trace(n_keys: int = 10_000, n_instances: int = 15, intervals: int = 6,
     work = SyntheticWorkload(cfg)
     load = np.stack([work.load(t) for t in range(intervals)])
     state = np.stack([work.state(t) for t in range(intervals)])
-    info = dict(workload="seed003-zipf", K=n_keys, N=n_instances, z=zipf, f=fluctuation,
+    info = dict(workload="zipf", K=n_keys, N=n_instances, z=zipf, f=fluctuation,
                 fluctuation_reached=[round(work.fluctuation_change(t), 4)
                                      for t in range(intervals)])
     return Trace(f"zipf(K={n_keys},N={n_instances},z={zipf},f={fluctuation})", work.keys,
@@ -140,7 +140,7 @@ def substream_trace(distribution: str = "zipf", n_substreams: int = 100,
         load[t] = rng.poisson(total * share)
     keys = np.array([f"s{i:03d}" for i in range(1, p + 1)], dtype=object)
     home = np.arange(p) % n_instances
-    info = dict(workload=f"seed001-{distribution}", p=p, N=n_instances, rate=rate,
+    info = dict(workload=f"substreams-{distribution}", p=p, N=n_instances, rate=rate,
                 window_seconds=window_seconds, drift=drift, rho=rho, factors=factors)
     return Trace(f"{distribution}(p={p},N={n_instances})", keys, load, state_per_tuple * load,
                  n_instances, home, home.copy(), np.arange(p), info)
@@ -182,7 +182,7 @@ def perturbation_trace(n_instances: int = 20, n_groups: int = 400, intervals: in
             cur[pick] = np.maximum(0.0, cur[pick] + delta * base[pick] / base[pick].sum())
         load[t] = cur
     keys = np.array([f"g{i:05d}" for i in range(g)], dtype=object)
-    info = dict(workload="seed002-perturbation", N=n_instances, G=g, varies=varies,
+    info = dict(workload="perturbation", N=n_instances, G=g, varies=varies,
                 share=share)
     return Trace(f"perturb(N={n_instances},G={g},varies={varies})", keys, load,
                  np.ones((intervals, g)), n_instances, home, home.copy(), np.arange(g), info)

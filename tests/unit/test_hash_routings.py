@@ -1,6 +1,6 @@
-"""Seed 001's baselines UHLB and PKG (and D-Choices) in the harness: the hash family, the
-greedy at histogram level, its consolidation count, and ``bench --experiment
-seed001-baselines`` end to end on a few windows."""
+"""The ELB/CLB paper's baselines UHLB and PKG (and D-Choices) in the harness: the hash
+family, the greedy at histogram level, its consolidation count, and ``bench --experiment
+hash-routings`` end to end on a few windows (and by its former name)."""
 
 from __future__ import annotations
 
@@ -193,8 +193,8 @@ def test_replay_rows_of_a_routing_move_nothing_and_chain_windows():
     assert all(r["split_keys"] == 0 and r["consolidation_fraction"] == 0 for r in hashed)
 
 
-def test_seed001_baselines_quick_end_to_end(tmp_path, capsys):
-    code = main(["bench", "--experiment", "seed001-baselines", "--intervals", "2",
+def test_hash_routings_quick_end_to_end(tmp_path, capsys):
+    code = main(["bench", "--experiment", "hash-routings", "--intervals", "2",
                  "--out", str(tmp_path), "--no-progress"])
     assert code == 0
     out = capsys.readouterr().out
@@ -215,4 +215,5 @@ def test_seed001_baselines_quick_end_to_end(tmp_path, capsys):
         assert by.loc[(point, "pkg"), "split_keys"] > 0
         assert by.loc[(point, "elb"), "split_keys"] == 0
     assert {p.name for p in tmp_path.glob("*.png")} == {
-        "seed001_baselines_n10.png", "seed001_baselines_speedup.png"}
+        "hash_routings_n10.png", "hash_routings_speedup.png"}
+    assert set(pd.read_csv(tmp_path / "results.csv")["experiment"]) == {"hash-routings"}
