@@ -121,7 +121,8 @@ def _detach(load: np.ndarray, members: np.ndarray, loads: np.ndarray, j: int, me
 
 def describe_groups(groups: KeyGroups) -> str:
     """The unit of migration, and the keys a plan consolidates onto their group."""
-    note = f"{len(groups.ids)} key groups (seed 001 substreams) are the unit of migration"
+    note = (f"{len(groups.ids)} key groups (the ELB/CLB paper's substreams) are the unit of "
+            "migration")
     if groups.split_keys:
         note += (f"; {groups.split_keys} key(s) away from their group's majority instance are "
                  "consolidated onto it")
@@ -159,6 +160,6 @@ class ElbPlanner(Planner):
         if over:
             heavy = int((groups.load >= params.theta * problem.mean_load()).sum())
             notes.append(f"{over} instance(s) stay above u: ELB never detaches a group of load "
-                         f">= (u - v) / 2 = theta * mean ({heavy} such groups; seed 001 assumes "
-                         "none)")
+                         f">= (u - v) / 2 = theta * mean ({heavy} such groups; the ELB/CLB paper "
+                         "assumes none)")
         return Proposal(assignment, notes)

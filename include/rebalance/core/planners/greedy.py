@@ -143,7 +143,7 @@ class GreedyPlanner(Planner):
         a = problem.current.copy()
         max_load = problem.max_load(params.theta)
         to_default, to_least, _ = place_forced(problem, a, max_load)
-        notes = ["greedy (seed 004 Sec. 3.3): single keys move from the most loaded instance "
+        notes = ["greedy (Maric et al., Sec. 3.3): single keys move from the most loaded instance "
                  "above L_max to the least-loaded one while that lowers the larger of the two "
                  "loads; the key moved is the one closest to half their difference"]
         if to_default or to_least:

@@ -316,8 +316,8 @@ def describe_outcome(out: LlfdOutcome, ck: CompactKeys, bound: float,
         table += f" (A_max {params.max_table})"
     notes.append(f"result: {out.moved_keys} key(s) move, {table}")
     if params.budget_bytes is not None or params.budget_keys is not None:
-        notes.append("seed 003 minimises migration but has no migration budget: the budget is "
-                     "checked on the plan, not enforced while planning")
+        notes.append("Fang et al. minimise migration but have no migration budget: the budget "
+                     "is checked on the plan, not enforced while planning")
     return notes
 
 
@@ -339,7 +339,7 @@ class MinTablePlanner(_LlfdPlanner):
         ck = self._compact(problem, params, Psi.LOAD)
         out = run_llfd(ck, problem, ck.n_cleanable, bound)
         return Proposal(out.assignment, [
-            "MinTable (seed 003 Alg. 2): every table key goes back to its default instance, "
+            "MinTable (Fang et al., Alg. 2): every table key goes back to its default instance, "
             "then keys are detached and placed highest load first, so few keys leave their "
             "default instance", describe_compact(ck, problem.n_keys), *notes,
             *describe_outcome(out, ck, bound, params)])
@@ -355,7 +355,7 @@ class MinMigPlanner(_LlfdPlanner):
         ck = self._compact(problem, params, Psi.GAMMA)
         out = run_llfd(ck, problem, 0, bound)
         return Proposal(out.assignment, [
-            "MinMig (seed 003 Alg. 3): the table is kept, keys are detached and swapped by "
+            "MinMig (Fang et al., Alg. 3): the table is kept, keys are detached and swapped by "
             f"highest gamma = c^{params.beta:g} / S first, so little state moves "
             "(the table may grow)", describe_compact(ck, problem.n_keys), *notes,
             *describe_outcome(out, ck, bound, params)])
@@ -385,13 +385,13 @@ class MixedPlanner(_LlfdPlanner):
         notes.insert(0, describe_compact(ck, problem.n_keys))
         sizes = ", ".join(f"n={t.cleaned}: {t.table_size}" for t in trials)
         if a_max is None:
-            head = "Mixed (seed 003 Alg. 4) without A_max: n = 0, the MinMig plan"
+            head = "Mixed (Fang et al., Alg. 4) without A_max: n = 0, the MinMig plan"
         elif out.table_size <= a_max:
-            head = (f"Mixed (seed 003 Alg. 4) cleaned n={out.cleaned} of {ck.n_cleanable} "
+            head = (f"Mixed (Fang et al., Alg. 4) cleaned n={out.cleaned} of {ck.n_cleanable} "
                     f"table keys (smallest state first) so the table fits A_max = {a_max}; "
                     f"table size per trial: {sizes}")
         else:
-            head = (f"Mixed (seed 003 Alg. 4): even n = |A| = {ck.n_cleanable} leaves the table "
+            head = (f"Mixed (Fang et al., Alg. 4): even n = |A| = {ck.n_cleanable} leaves the table "
                     f"above A_max = {a_max} (table size per trial: {sizes})")
             fallback = MinTablePlanner().propose(problem, params)
             table = int((fallback.assignment != problem.default).sum())
