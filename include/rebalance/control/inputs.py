@@ -331,7 +331,7 @@ def load_problem(spark, inputs: Mapping[str, Any], rows: pd.DataFrame | None = N
     (:func:`rebalance.core.histograms.build_problem`): load of a key = its cost per window
     (mean over the windows, absent = 0), state = the state bytes it held at the close
     of its latest window (the job's state is the sliding window of its last w windows:
-    seed 003's S(k, w)), current instance = the base assignment version's routing table
+    Fang et al.'s S(k, w)), current instance = the base assignment version's routing table
     over the default placement. Keys of the routing table without events are planned too.
     ``rows``, ``table``: the pinned rows and the base routing table when already read
     (:func:`load_rows`, :func:`base_assignment`).

@@ -1,8 +1,8 @@
-"""A deterministic, skewed, fluctuating keyed event stream (seed 003's synthetic workload).
+"""A deterministic, skewed, fluctuating keyed event stream (Fang et al.'s synthetic workload).
 
 Keys ``k0 .. k{K-1}`` get Zipf(z) frequencies (rank r has weight ``1 / r^z``)
 through a seeded random rank order. Every ``interval_batches`` batches the
-fluctuation model of seed 003 re-assigns frequencies: it swaps the frequencies
+fluctuation model of Fang et al. re-assigns frequencies: it swaps the frequencies
 of random key pairs on different instances (first key drawn by frequency, so
 hot keys move) until some instance's expected load, under the default
 placement over ``n_instances``, changed by at least ``f`` times the mean load
@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from rebalance.core.placement import default_instances
-from rebalance.core.synthetic import fluctuate, zipf_weights  # noqa: F401 - re-exported (seed 003 model)
+from rebalance.core.synthetic import fluctuate, zipf_weights  # noqa: F401 - re-exported (Fang et al.'s model)
 
 #: Malformed event kinds, named after the reason the job quarantines them with.
 MALFORMED_KINDS = ("missing_key", "negative_value", "non_numeric_value", "unparseable_event_time")
