@@ -1,7 +1,8 @@
 """The apply lease (``PlanStore.acquire`` / ``release`` / ``lease``) on a real Delta table
-(local Spark): one conditional UPDATE of the lease row decides who holds it, by the count
-of rows it updated; the holder is read back only after a concurrent-commit conflict. The
-race itself (two runs at once) runs in test_faults.py; here each outcome is provoked."""
+(created by local Spark, written through delta-rs): one conditional UPDATE of the lease
+row decides who holds it, by the count of rows it updated; the holder is read back only
+after a concurrent-commit conflict. The race itself (two runs at once) runs in
+test_faults.py; here each outcome is provoked."""
 
 from __future__ import annotations
 
@@ -47,24 +48,28 @@ def test_the_lease_is_taken_when_free_refused_when_held_and_given_back_by_its_ho
 
 def test_an_acquirer_that_loses_the_commit_race_reads_the_winner_and_does_not_hold_it(
         spark, tmp_path, monkeypatch):
-    """Another run's UPDATE lands first and this one's commit conflicts (as Delta's
-    optimistic concurrency makes the second of two racing UPDATEs fail): the lease is
-    read back, and it is the winner's."""
-    from rebalance.spark import tables
+    """Another run's UPDATE lands after this one read the table and before it commits:
+    this one's commit conflicts (Delta's optimistic concurrency, here delta-rs'), the
+    lease is read back, and it is the winner's."""
+    from deltalake import DeltaTable
+
+    from rebalance.spark import delta_rs
     from rebalance.spark.plan_store import APPLY_LEASE, CONTROL, PlanStore
 
     store = PlanStore(spark, root=str(tmp_path / "control"))
     store.ensure(CONTROL)
-    real = tables.update
+    assert delta_rs.writable(store.path(CONTROL)), "the lease is written through delta-rs"
+    real = delta_rs.update
 
-    def winner_first(spark_, table, condition, values, root=None):
+    def winner_first(path, predicate, values, schema_ddl, metadata=None, txn=None):
         if values.get("holder") == "loser":
-            real(spark_, table, condition, {**values, "holder": "winner"}, root)
-            raise RuntimeError("[DELTA_CONCURRENT_APPEND] ConcurrentAppendException: "
-                               "files were added by a concurrent update")
-        return real(spark_, table, condition, values, root)
-    monkeypatch.setattr(tables, "update", winner_first)
+            stale = DeltaTable(path)                 # the loser's read, before the winner
+            real(path, predicate, {**values, "holder": "winner"}, schema_ddl, metadata)
+            stale.update(updates={"holder": "'loser'"}, predicate=predicate)
+            pytest.fail("the stale UPDATE committed over the winner's")
+        return real(path, predicate, values, schema_ddl, metadata, txn)
+    monkeypatch.setattr(delta_rs, "update", winner_first)
     assert not store.acquire(APPLY_LEASE, "loser", 900)
     assert store.lease_holder(APPLY_LEASE) == "winner"
-    monkeypatch.setattr(tables, "update", real)
+    monkeypatch.setattr(delta_rs, "update", real)
     assert not store.acquire(APPLY_LEASE, "loser", 900)      # and it stays the winner's

@@ -7,11 +7,11 @@ and a JVM start for a command line. delta-rs answers them from the table's log a
 Parquet files in milliseconds. Every table the project writes is readable by it (reader
 protocol 1).
 
-Writes stay on Spark (:mod:`rebalance.spark.tables`): UPDATEs with their conflict
-retries, the ``assignments`` table (row tracking, a writer feature), the streaming job.
-The one write here is :func:`append` to a table without writer features (the event
-generator's batches: ``events`` is writer protocol 2), with the same commit metadata and
-transaction id a Spark append carries.
+Writes to a table without writer features (writer protocol 2: the event generator's
+``events``, the control plane's ``plans``, ``plan_assignments`` and ``control``) can go
+through :func:`append` and :func:`update`, with the same commit metadata and transaction
+id a Spark write carries; the ``assignments`` table (row tracking, a writer feature) and
+the streaming job stay on Spark (:mod:`rebalance.spark.tables`).
 
 A read sees one committed snapshot: the newest, or the ``version`` asked for (time
 travel). Results look like Spark's ``toPandas()``: TIMESTAMP columns as naive UTC
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -356,3 +357,70 @@ def parse_metadata(text: str | None) -> dict[str, Any]:
 def _first_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def writable(path: str | Path) -> bool:
+    """Whether delta-rs writes this table (:func:`append`, :func:`update`): a local Delta
+    table without writer features (writer protocol <= 2), as Spark creates the control
+    plane's tables."""
+    t = table(path)
+    if t is None:
+        return False
+    protocol = t.protocol()
+    return protocol.min_writer_version <= 2 and not protocol.writer_features
+
+
+#: How DataFusion (delta-rs' SQL) spells a Delta TIMESTAMP: microseconds, UTC.
+_TIMESTAMP = 'Timestamp(Microsecond, Some("UTC"))'
+
+
+def sql_literal(value: Any, sql_type: str) -> str:
+    """``value`` as a literal of a column of ``sql_type`` (STRING, BIGINT, INT, DOUBLE,
+    BOOLEAN, TIMESTAMP) in delta-rs' SQL (strings quote ``'`` by doubling it; a naive
+    datetime is UTC)."""
+    if value is None:
+        return "NULL"
+    kind = sql_type.upper()
+    if kind == "TIMESTAMP":
+        stamp = value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+        iso = stamp.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return f"arrow_cast('{iso}', '{_TIMESTAMP}')"
+    if kind == "BOOLEAN":
+        return "TRUE" if value else "FALSE"
+    if kind in ("BIGINT", "INT"):
+        return str(int(value))
+    if kind == "DOUBLE":
+        number = float(value)
+        return repr(number) if math.isfinite(number) else f"CAST('{number!r}' AS DOUBLE)"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def update(path: str | Path, predicate: str, values: dict[str, Any], schema_ddl: str,
+           metadata: str | None = None, txn: tuple[str, int] | None = None) -> int | None:
+    """``UPDATE`` the rows matching ``predicate`` (delta-rs' SQL, literals from
+    :func:`sql_literal`) with ``values`` (column -> Python value; types from the table's
+    ``schema_ddl``, flat "name TYPE, ..."): one commit annotated with ``metadata`` (the
+    userMetadata text), none when no row matches. The rows it updated; None when skipped:
+    ``txn = (app_id, version)`` is idempotent as a Spark UPDATE's ``txnAppId`` /
+    ``txnVersion``. A concurrent commit it conflicts with raises delta-rs'
+    ``CommitFailedError`` (the caller re-reads and retries, as after Spark's)."""
+    from deltalake import CommitProperties, Transaction
+
+    t = table(path)
+    if t is None or not writable(path):
+        raise DeltaRsError(f"{path}: not a Delta table delta-rs writes: update through Spark")
+    types = dict(item.split() for item in schema_ddl.split(", "))
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise DeltaRsError(f"{path}: no column(s) {unknown}")
+    if txn is not None and (t.transaction_version(txn[0]) or -1) >= int(txn[1]):
+        return None
+    props = CommitProperties(
+        custom_metadata={"userMetadata": metadata} if metadata else None,
+        app_transactions=[Transaction(txn[0], int(txn[1]))] if txn is not None else None)
+    metrics = t.update(updates={c: sql_literal(v, types[c]) for c, v in values.items()},
+                       predicate=predicate, commit_properties=props)
+    interval = int(t.metadata().configuration.get("delta.checkpointInterval", 10))
+    if int(metrics.get("num_updated_rows", 0)) and t.version() % interval == 0:
+        t.create_checkpoint()
+    return int(metrics.get("num_updated_rows", 0))

@@ -19,10 +19,15 @@ objects, same root, same helpers), so they can move there as they are:
 
 Idempotency is Delta's own: every write about a plan carries ``txnAppId`` (the plan
 id) and a ``txnVersion`` that grows with its status (:data:`STATUS_ORDER`), so a
-retried step is skipped by Delta and adds no table version, and a step can never be
-written after a later one. Every commit carries ``userMetadata`` (JSON: action, dag
-id, run id, plan id, method, metrics, ...): the Delta history of ``plans`` and
-``assignments`` is the audit log (:mod:`rebalance.cli.audit` prints it).
+retried step is skipped and adds no table version, and a step can never be written
+after a later one. Every commit carries ``userMetadata`` (JSON: action, dag id, run id,
+plan id, method, metrics, ...): the Delta history of ``plans`` and ``assignments`` is the
+audit log (:mod:`rebalance.cli.audit` prints it).
+
+The writes go through delta-rs in the calling process (no Spark job) when the table is
+local and has no writer features, as Spark creates these; through Spark otherwise. Both
+engines commit with Delta's optimistic concurrency: two runs writing at once conflict,
+and the loser re-reads and retries.
 
 >>> store = PlanStore(get_spark())                                    # doctest: +SKIP
 >>> store.get("3f2a9c...").status                                     # doctest: +SKIP
@@ -36,12 +41,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from rebalance.core.records import (
     APPLY_LEASE,
@@ -56,7 +62,7 @@ from rebalance.core.records import (
     commit_metadata,
     utcnow,
 )
-from rebalance.spark import tables
+from rebalance.spark import delta_rs, tables
 from rebalance.spark.tables import Table
 
 log = logging.getLogger(__name__)
@@ -118,16 +124,14 @@ CONFLICT_BACKOFF_SECONDS = 0.5
 
 
 def is_conflict(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of Delta's concurrent-commit conflicts (classic or Connect)."""
-    return "Concurrent" in f"{type(exc).__name__} {str(exc)[:500]}"
+    """Whether ``exc`` is one of Delta's concurrent-commit conflicts (Spark classic or
+    Connect, or delta-rs)."""
+    text = f"{type(exc).__name__} {str(exc)[:500]}"
+    return "Concurrent" in text or ("CommitFailed" in text and "concurrent" in text)
 
 
 def _created(record: PlanRecord) -> dt.datetime:
     return record.created_at or dt.datetime.min.replace(tzinfo=dt.timezone.utc)
-
-
-def _sql_str(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace("'", "\\'")
 
 
 class PlanStore:
@@ -137,6 +141,7 @@ class PlanStore:
         self.spark = spark
         self.root = root
         self._ready: set[str] = set()
+        self._local: dict[str, bool] = {}
 
     # ----------------------------------------------------------------- tables
     def path(self, table: Table = PLANS) -> str:
@@ -151,6 +156,35 @@ class PlanStore:
             if not existed and table is CONTROL:
                 self._add_leases([APPLY_LEASE])
             self._ready.add(table.name)
+
+    def _local_writes(self, table: Table) -> bool:
+        """Whether this table's writes go through delta-rs (checked once per table)."""
+        if table.name not in self._local:
+            self._local[table.name] = delta_rs.writable(self.path(table))
+        return self._local[table.name]
+
+    def _update(self, table: Table, where: Callable[[Callable[[Any, str], str]], str],
+                values: dict[str, Any], metadata: str,
+                txn: tuple[str, int] | None = None) -> int | None:
+        """One UPDATE of ``table``, annotated with ``metadata`` and idempotent with ``txn``;
+        the rows it updated. ``where(literal)`` writes the condition with the engine's
+        ``literal(value, sql_type)`` (the SQL dialects quote strings and timestamps
+        differently)."""
+        if self._local_writes(table):
+            return delta_rs.update(self.path(table), where(delta_rs.sql_literal), values,
+                                   table.schema_ddl, metadata=metadata, txn=txn)
+        with delta_txn(self.spark, *(txn or (None, None)), metadata):
+            return tables.update(self.spark, table, where(tables.sql_literal), values,
+                                 self.root)
+
+    def _append(self, table: Table, frame: pd.DataFrame, metadata: dict[str, Any],
+                txn: tuple[str, int]) -> None:
+        if self._local_writes(table):
+            delta_rs.append(self.path(table), pa.Table.from_pandas(frame, preserve_index=False),
+                            metadata=metadata, txn=txn)
+        else:
+            tables.append(self.spark.createDataFrame(frame, table.schema), table, self.root,
+                          metadata=metadata, txn=txn)
 
     def _add_leases(self, names: list[str]) -> None:
         rows = [(name, None, None, None) for name in names]
@@ -218,9 +252,8 @@ class PlanStore:
         meta = {"action": "propose", **record.commit_values()}
         self._write_frame(record.plan_id, frame, meta)
         self.ensure(PLANS)
-        tables.append(self.spark.createDataFrame([record.to_row()], PLANS.schema), PLANS,
-                      self.root, metadata=meta,
-                      txn=(record.plan_id, STATUS_ORDER[PlanStatus.PROPOSED]))
+        self._append(PLANS, pd.DataFrame([record.to_row()], columns=PLANS.columns), meta,
+                     (record.plan_id, STATUS_ORDER[PlanStatus.PROPOSED]))
         return record
 
     def transition(self, plan_id: str, status: PlanStatus, *, action: str, **changes: Any) -> PlanRecord:
@@ -255,9 +288,9 @@ class PlanStore:
         row = record.to_row()
         values = {c: row[c] for c in ("status", "updated_at", *changes)}
         self.ensure(PLANS)
-        with delta_txn(self.spark, plan_id, STATUS_ORDER[status],
-                       commit_metadata(action=action, **record.commit_values())):
-            tables.update(self.spark, PLANS, f"plan_id = '{_sql_str(plan_id)}'", values, self.root)
+        self._update(PLANS, lambda lit: f"plan_id = {lit(plan_id, 'STRING')}", values,
+                     commit_metadata(action=action, **record.commit_values()),
+                     (plan_id, STATUS_ORDER[status]))
         return record
 
     # ------------------------------------------------------- assignment frames
@@ -273,8 +306,7 @@ class PlanStore:
         pdf[SPLIT_COLUMN] = (frame[SPLIT_COLUMN].astype(object).where(
             frame[SPLIT_COLUMN].notna(), None) if SPLIT_COLUMN in frame else None)
         self.ensure(PLAN_ASSIGNMENTS)
-        tables.append(self.spark.createDataFrame(pdf, PLAN_ASSIGNMENTS.schema), PLAN_ASSIGNMENTS,
-                      self.root, metadata=meta, txn=(f"{plan_id}:frame", 1))
+        self._append(PLAN_ASSIGNMENTS, pdf, meta, (f"{plan_id}:frame", 1))
 
     def frame(self, plan_id: str) -> pd.DataFrame:
         """The stored assignment frame of a plan, sorted by key."""
@@ -295,16 +327,17 @@ class PlanStore:
         updated says whether the lease was free; only after a conflict is it read back.
         """
         now = utcnow()
-        free = (f"name = '{_sql_str(name)}' AND (holder IS NULL OR holder = '{_sql_str(holder)}' "
-                f"OR expires_at < to_timestamp('{now.strftime('%Y-%m-%d %H:%M:%S')}'))")
+        def free(lit):
+            return (f"name = {lit(name, 'STRING')} AND (holder IS NULL OR holder = "
+                    f"{lit(holder, 'STRING')} OR expires_at < {lit(now, 'TIMESTAMP')})")
+
         self.ensure(CONTROL)
         updated = None
         try:
-            with delta_txn(self.spark, None, None,
-                           commit_metadata(action="acquire", lease=name, holder=holder)):
-                updated = tables.update(self.spark, CONTROL, free, {
-                    "holder": holder, "acquired_at": now,
-                    "expires_at": now + dt.timedelta(seconds=ttl_seconds)}, self.root)
+            updated = self._update(CONTROL, free, {
+                "holder": holder, "acquired_at": now,
+                "expires_at": now + dt.timedelta(seconds=ttl_seconds)},
+                commit_metadata(action="acquire", lease=name, holder=holder))
         except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
             if not is_conflict(exc):
                 raise
@@ -315,11 +348,10 @@ class PlanStore:
     def release(self, name: str, holder: str) -> None:
         """Give the lease back (only its holder can; no commit if not held)."""
         self.ensure(CONTROL)
-        with delta_txn(self.spark, None, None,
-                       commit_metadata(action="release", lease=name, holder=holder)):
-            tables.update(self.spark, CONTROL,
-                          f"name = '{_sql_str(name)}' AND holder = '{_sql_str(holder)}'",
-                          {"holder": None, "expires_at": None}, self.root)
+        self._update(CONTROL, lambda lit: f"name = {lit(name, 'STRING')} AND holder = "
+                                          f"{lit(holder, 'STRING')}",
+                     {"holder": None, "expires_at": None},
+                     commit_metadata(action="release", lease=name, holder=holder))
 
     def lease_holder(self, name: str) -> str | None:
         """Holder of the named lease while it is live, else None."""
