@@ -119,11 +119,21 @@ def read_delta(path: str | Path, columns: list[str] | None = None):
                 live.pop(a["remove"]["path"], None)
     from urllib.parse import unquote
 
-    parts = [pq.read_table(path / unquote(p), columns=columns) for p in sorted(live)]
+    parts = [_without_views(pq.read_table(path / unquote(p), columns=columns))
+             for p in sorted(live)]
     parts = [t for t in parts if t.num_rows]
     if not parts:
         return None if schema is None else pa.table({c: [] for c in (columns or [])})
     return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _without_views(table):
+    """String and binary view columns (what delta-rs writes) as plain string and binary,
+    so files written by Spark and by delta-rs concatenate."""
+    import pyarrow as pa
+
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    return table.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in table.schema]))
 
 
 # ------------------------------------------------------------------------ Delta, write
