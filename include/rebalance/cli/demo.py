@@ -7,7 +7,7 @@
    every key by the latest assignment version and writes per-window histograms.
 3. The ``rebalance`` DAG runs several times with real Airflow (``dag.test``, the SQLite
    metadata database of ``$AIRFLOW_HOME``), each run over the latest minute of event
-   time: read windows, detect (seed 004 rules), plan, validate (Great Expectations),
+   time: read windows, detect (trigger rule theta), plan, validate (Great Expectations),
    publish, apply (a live switch: the job uses the new version from its next
    micro-batch) and verify on the next windows.
 4. It prints imbalance and migration before and after each applied plan, the audit

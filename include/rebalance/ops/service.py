@@ -82,7 +82,7 @@ class Settings:
     events_per_second: int = 200
     #: The generator appends one batch of events this often (seconds of event time each).
     batch_seconds: int = 10
-    #: The generator re-skews the load (seed 003's fluctuation) every this many seconds.
+    #: The generator re-skews the load (Fang et al.'s fluctuation) every this many seconds.
     fluctuation_seconds: int = 600
     #: How often the job reads the ``restarts`` table for controlled restart requests.
     restart_poll_seconds: float = 10.0
