@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
-import traces as trace_lib
 
 from rebalance.core.backtest import ORACLE_WINDOWS, WindowHistory
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import traces as trace_lib  # noqa: E402  (the sibling script)
 
 
 def count_matrix(name: str) -> np.ndarray:

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "include" / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import backtest_seeds  # noqa: E402
+from benchmarks import backtest_seeds
 
 
 def _row(seed, policy, share, mean, migration=0.01, theta_plan=0.08):

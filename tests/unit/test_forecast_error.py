@@ -3,16 +3,10 @@ whose answer is known."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "include" / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import forecast_error  # noqa: E402
+from benchmarks import forecast_error
 
 
 def _errors(counts: np.ndarray, period: int = 7) -> dict[str, float]:

@@ -12,7 +12,7 @@ import pytest
 
 from rebalance.cli import main
 from rebalance.core.model import PlanningError, PlanParams
-from rebalance.core.planners.hash_choices import (
+from rebalance.evaluation.hash_routings import (
     MERSENNE31,
     ChoiceRouter,
     UniversalHash,

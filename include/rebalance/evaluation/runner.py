@@ -11,7 +11,7 @@ of the last m windows); in between the assignment is held and only measured.
 One row per planner and interval, with the plan's metrics (recomputed by
 :func:`rebalance.core.model.evaluate`, the lower bound of :mod:`rebalance.core.bounds` and the
 gap to it) and the imbalance the assignment then meets on window t itself (the data it
-was not planned on). The hash routings of :mod:`rebalance.core.planners.hash_choices` are
+was not planned on). The hash routings of :mod:`rebalance.evaluation.hash_routings` are
 replayed into rows of the same columns by :func:`replay_routing`.
 """
 
@@ -26,8 +26,8 @@ import numpy as np
 
 from rebalance.core.model import Plan, PlanningError, PlanParams, Problem, evaluate, imbalance
 from rebalance.core.planners import METHODS, get_planner
-from rebalance.core.planners.hash_choices import ROUTINGS, ChoiceRouter, key_ids
 from rebalance.evaluation.flux import FluxPlanner
+from rebalance.evaluation.hash_routings import ROUTINGS, ChoiceRouter, key_ids
 from rebalance.evaluation.workloads import Trace
 
 EXTRA_PLANNERS = ("flux",) + ROUTINGS

@@ -1,10 +1,10 @@
 """Hash routings that are not planners: the ELB/CLB paper's baselines UHLB and PKG, and D-Choices.
 
 None of these keeps one instance per key in a table; each routes every tuple by hash
-functions of the key's integer id (:func:`key_ids`), so they live here as functions (the
-harness replays them next to the planners, :mod:`rebalance.evaluation.runner`), not in the
-registry of :mod:`rebalance.core.methods` (``rebalance plan`` cannot apply a routing that
-splits keys). :func:`route_by_choices` models their per-tuple greedy on histograms.
+functions of the key's integer id (:func:`key_ids`), so they live in the evaluation
+harness as functions (replayed next to the planners by :mod:`rebalance.evaluation.runner`),
+not in the planner registry of :mod:`rebalance.core.methods` (``rebalance plan`` cannot apply
+a routing that splits keys). :func:`route_by_choices` models their per-tuple greedy on histograms.
 
 * **UHLB** (the ELB/CLB paper, Sec. 5): one hash drawn from a 2-universal family.
 * **PKG** (partial key grouping, Nasir et al., arXiv 1504.00788): every key has two
