@@ -77,7 +77,7 @@ $(JARS)/.complete: include/jars/ivy.xml include/jars/kafka-broker.ivy.xml includ
 # The class-data archive of the Spark JVMs (rebalance.spark.cds): built once per Java and
 # pyspark (about 90 s), then every Spark JVM starts in about 2/3 of the time. Nothing to do when it exists.
 cds: $(JARS)/.complete
-	@JAVA_HOME="$$($(PY) -m rebalance.spark.java)" $(PY) -m rebalance.ops.cds
+	@JAVA_HOME="$$($(PY) -m rebalance.spark.java)" $(PY) -m rebalance.cli.cds
 
 $(AIRFLOW_HOME)/.initialised: $(VENV)/.installed
 	mkdir -p $(AIRFLOW_HOME)

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rebalance.streaming.apps import add_spark_options, spark_from_args
+from rebalance.cli.job_options import add_spark_options, spark_from_args
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rebalance.cli.job_options import add_spark_options, spark_from_args
 from rebalance.spark.tables import EVENTS, TableError, ensure_table
-from rebalance.streaming.apps import add_spark_options, spark_from_args
 from rebalance.streaming.generator import (
     EventGenerator,
     GeneratorConfig,

@@ -15,8 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rebalance.cli.job_options import (
+    add_job_options,
+    add_spark_options,
+    job_config_from_args,
+    spark_from_args,
+)
 from rebalance.spark.tables import AssignmentError, TableError
-from rebalance.streaming.apps import add_job_options, add_spark_options, job_config_from_args, spark_from_args
 from rebalance.streaming.job import JobError, start_job
 
 

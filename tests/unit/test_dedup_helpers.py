@@ -7,10 +7,10 @@ import argparse
 
 import pandas as pd
 
+from rebalance.cli.job_options import add_job_options, add_spark_options, job_config_from_args
 from rebalance.core.placement import default_instances
 from rebalance.spark.tables import INSTANCE_HISTOGRAMS
 from rebalance.streaming import restart
-from rebalance.streaming.apps import add_job_options, add_spark_options, job_config_from_args
 from rebalance.streaming.job import JobConfig
 from rebalance.streaming.key_state import KeyWindows, dedup_horizon
 from rebalance.streaming.processor import (

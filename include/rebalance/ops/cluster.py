@@ -1,4 +1,4 @@
-"""``python -m rebalance.ops.cluster up|down|status``: a local Spark standalone cluster on 127.0.0.1.
+"""``rebalance cluster up|down|status``: a local Spark standalone cluster on 127.0.0.1.
 
 A master (``spark-class org.apache.spark.deploy.master.Master``, from the pyspark
 wheel) and ``--workers`` workers (``spark-class org.apache.spark.deploy.worker.Worker
@@ -11,12 +11,12 @@ is in ``<dir>/service/logs/`` (the records, the readiness wait and the stop are
 their recorded pids (SIGTERM, SIGKILL after a grace period).
 
 Jobs run on it with ``--master spark://127.0.0.1:<port>`` (every ``spark_apps/`` entry
-point, or ``spark-submit --master ...``).
+point, or ``spark-submit --master ...``). The command line (also ``python -m
+rebalance.cli.cluster``) is :mod:`rebalance.cli.cluster`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -123,50 +123,3 @@ class Cluster:
         found = re.findall(r"Bound MasterWebUI to [^,]+, and started at https?://[^:\s]+:(\d+)",
                            text)
         return int(found[-1]) if found else None
-
-
-def add_subcommands(subparsers) -> None:
-    p = subparsers.add_parser(
-        "cluster", help="start, stop or inspect a local Spark standalone cluster",
-        description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--dir", type=Path, help="the cluster's folder (default: $REBALANCE_DATA_DIR/cluster)")
-    p.add_argument("--port", type=int, help=f"master port (default {DEFAULT_PORT})")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--cores", type=int, default=1, help="cores per worker")
-    p.add_argument("--memory", default="2g", help="memory per worker")
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    kw = {k: v for k, v in (("dir", args.dir), ("port", args.port)) if v is not None}
-    cluster = Cluster(ClusterSettings(workers=args.workers, cores=args.cores,
-                                      memory=args.memory, **kw))
-    if args.action == "down":
-        if not cluster.down():
-            print("the cluster was not running")
-        return 0
-    if args.action == "status":
-        for name, state in cluster.status().items():
-            print(f"{name:16s} {state}")
-        return 0 if cluster.running() else 1
-    cluster.up()
-    print(f"cluster running: master {cluster.master_url}, {args.workers} worker(s) of "
-          f"{args.cores} core(s); stop with `rebalance cluster down`")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m rebalance.ops.cluster up|down|status [options]``."""
-    parser = argparse.ArgumentParser(prog="rebalance")
-    add_subcommands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["cluster", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except ValueError as exc:  # ClusterError: one line
-        print(f"rebalance cluster: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

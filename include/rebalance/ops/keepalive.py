@@ -1,6 +1,6 @@
 """Run a daemon and start it again when it exits on its own.
 
-    python -m rebalance.ops.keepalive --name scheduler -- airflow scheduler --skip-serve-logs
+    python -m rebalance.cli.keepalive --name scheduler -- airflow scheduler --skip-serve-logs
 
 The service runs Airflow's scheduler, dag-processor and triggerer under this wrapper, as
 systemd's ``Restart=always`` would: Airflow's scheduler exits when its loop raises, and a
@@ -23,10 +23,8 @@ recorded process group stop both (the wrapper is the recorded process).
 
 from __future__ import annotations
 
-import argparse
 import signal
 import subprocess
-import sys
 import time
 
 FIRST_PAUSE_SECONDS = 1.0
@@ -69,20 +67,3 @@ class Keepalive:
             if self.stopping is not None:
                 return 128 + self.stopping
             pause = min(2 * pause, MAX_PAUSE_SECONDS)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rebalance.ops.keepalive",
-                                description="Run a daemon; start it again when it exits on "
-                                            "its own (not on SIGTERM/SIGINT).")
-    p.add_argument("--name", required=True, help="the daemon's name in the log lines")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the daemon's command")
-    args = p.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        p.error("no command given (after --)")
-    return Keepalive(args.name, command).run()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,7 @@ process the service needs, each in its own process group, its id recorded under
                           Rebalance view (``plugins/rebalance_view.py``) at ``/rebalance``.
 ``scheduler``             Airflow's scheduler (LocalExecutor on the SQLite home), the
 ``dag-processor``         DAG parser and the triggerer (deferred tasks): each started again
-``triggerer``             when it exits on its own (``rebalance.ops.keepalive``).
+``triggerer``             when it exits on its own (``rebalance.cli.keepalive``).
 ``job``                   the keyed streaming job (``spark_apps/restartable_job.py``).
 ``generator``             a skewed event stream in real time (``generate_events.py --follow``).
 ``kafka``                 ``make up SOURCE=kafka`` only: a Kafka broker (``127.0.0.1:9092``);
@@ -251,7 +251,7 @@ def components(s: Settings) -> list[Component]:
         Component("api-server", [airflow, "api-server", "--host", HOST, "--port", str(s.api_port)],
                   aenv, port=s.api_port, ready_url=f"{s.api_url}/api/v2/monitor/health"),
         # One machine: task logs are read from the files; no log server (it binds 0.0.0.0).
-        *[Component(name, [py, "-m", "rebalance.ops.keepalive", "--name", name, "--", airflow,
+        *[Component(name, [py, "-m", "rebalance.cli.keepalive", "--name", name, "--", airflow,
                            *cmd], aenv) for name, cmd in (
             ("scheduler", ["scheduler", "--skip-serve-logs"]), ("dag-processor", ["dag-processor"]),
             ("triggerer", ["triggerer", "--skip-serve-logs"]))],

@@ -1,4 +1,5 @@
-"""Command-line plumbing shared by the ``spark_apps/`` entry points (argparse -> library)."""
+"""The options shared by the ``spark_apps/`` entry points (argparse -> library): Spark and
+storage, the keyed job's, its source's."""
 
 from __future__ import annotations
 
