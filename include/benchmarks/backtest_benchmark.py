@@ -267,7 +267,7 @@ def sensitivity(name: str, calibration_share: float, method: str, directory: Pat
     where it is below 50 %). A synthetic trace is pooled over the generator seeds of
     :data:`SEEDS` (one seed's share moves by several points: backtest_seeds.py). The
     candidates' chains do not depend on the settings: each is run once per history."""
-    from rebalance.core.backtest import Policy, backtest
+    from rebalance.core.backtest import AutoSettings, Policy, backtest
 
     trace = trace_lib.TRACES[name]
     if trace.archive is None:
@@ -288,7 +288,7 @@ def sensitivity(name: str, calibration_share: float, method: str, directory: Pat
         for label, options in SENSITIVITY.items():
             res = backtest(history, pols[1:] if out else pols, trace.theta, start=cut,
                            baselines=(), baseline_method=method,
-                           auto_options=dict(options, runs=runs))
+                           auto_settings=AutoSettings(**options), candidate_runs=runs)
             if not out:
                 out.append(dict(setting=TODAY, **_figures(_row(res.summary, TODAY)),
                                 **_halves(res.steps, TODAY)))

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from rebalance.core.backtest import (
+    AutoSettings,
     BacktestError,
     Policy,
     WindowHistory,
@@ -279,9 +280,9 @@ def test_auto_policy_in_the_backtest_never_loses_to_staying_when_plans_do_not_ho
     h = _history(flip, state=FLIP_STATE * 16, default=np.array([0, 0, 1, 1]))
     auto = Policy(name="auto", load_model=LoadModel("auto"))
     r = backtest(h, [auto, Policy.of("mean:windows=1")], theta=0.08,
-                 baselines=("stay",), auto_options={
-                     "candidates": [Policy.of("mean:windows=1"),
-                                    Policy.of("mean:windows=1", theta_plan=0.02)]})
+                 baselines=("stay",), auto_settings=AutoSettings(
+                     candidates=[Policy.of("mean:windows=1"),
+                                 Policy.of("mean:windows=1", theta_plan=0.02)]))
     s = r.summary.set_index("policy")
     assert s.loc["auto", "mean_imbalance"] <= s.loc["stay", "mean_imbalance"] + 1e-9
     assert s.loc["mean:windows=1/W=1", "mean_imbalance"] > s.loc["stay", "mean_imbalance"]
@@ -367,7 +368,7 @@ def test_auto_candidates_at_every_headroom_and_the_share_slack_of_the_choice():
 
 
 def test_auto_reuses_candidate_chains_across_selection_settings_of_the_same_history(monkeypatch):
-    """A ``runs`` dict kept across backtests of one history (the benchmark's --sensitivity)
+    """A ``candidate_runs`` dict kept across backtests of one history (the benchmark's --sensitivity)
     runs each candidate once; the figures are those of backtests without it; another
     history given the same dict gets chains of its own."""
     from rebalance.core.backtest import engine
@@ -378,15 +379,17 @@ def test_auto_reuses_candidate_chains_across_selection_settings_of_the_same_hist
                             default=np.arange(8) % 2, keys=keys)
     h, other = make(), make()
     auto = Policy(name="auto", load_model=LoadModel("auto"))
-    settings = [{}, {"share_slack": 0.0}, {"headroom": (1.0, 0.75, 0.5)}]
-    plain = [backtest(h, [auto], 0.08, start=20, baselines=(), auto_options=o).steps
+    settings = [AutoSettings(), AutoSettings(share_slack=0.0),
+                AutoSettings(headroom=(1.0, 0.75, 0.5))]
+    plain = [backtest(h, [auto], 0.08, start=20, baselines=(), auto_settings=o).steps
              for o in settings]
     calls = []
     real = engine._run_policy
     monkeypatch.setattr(engine, "_run_policy", lambda *a: calls.append(a[1]) or real(*a))
     runs: dict = {}
     for o, want in zip(settings, plain):
-        got = backtest(h, [auto], 0.08, start=20, baselines=(), auto_options=dict(o, runs=runs))
+        got = backtest(h, [auto], 0.08, start=20, baselines=(), auto_settings=o,
+                       candidate_runs=runs)
         pd.testing.assert_frame_equal(got.steps.drop(columns="plan_seconds"),
                                       want.drop(columns="plan_seconds"))
     # the third setting's 0.75 candidates are new; every other candidate ran once
@@ -396,7 +399,7 @@ def test_auto_reuses_candidate_chains_across_selection_settings_of_the_same_hist
     alone = backtest(other, [auto], 0.08, start=20, baselines=()).steps
     n_alone = len(calls)
     calls.clear()
-    got = backtest(other, [auto], 0.08, start=20, baselines=(), auto_options={"runs": runs})
+    got = backtest(other, [auto], 0.08, start=20, baselines=(), candidate_runs=runs)
     assert n_alone > 0 and len(calls) == n_alone          # not the chains of `h`
     pd.testing.assert_frame_equal(got.steps.drop(columns="plan_seconds"),
                                   alone.drop(columns="plan_seconds"))

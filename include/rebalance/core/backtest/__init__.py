@@ -20,6 +20,7 @@ from rebalance.core.backtest.auto import (
     AUTO_PERIODS,
     AUTO_SEASONS,
     MAX_MIGRATION_RATIO,
+    AutoSettings,
     default_candidates,
 )
 from rebalance.core.backtest.engine import (
@@ -45,7 +46,7 @@ from rebalance.core.forecast import LoadModelError
 from rebalance.core.model import PlanningError
 
 __all__ = ["AUTO_HEADROOM", "AUTO_MODELS", "AUTO_PERIODS", "AUTO_SEASONS",
-           "BACKTEST_TIME_LIMIT", "BASELINES",
+           "AutoSettings", "BACKTEST_TIME_LIMIT", "BASELINES",
            "HEADROOM_FRACTIONS", "MAX_MIGRATION_RATIO", "ORACLE_WINDOWS", "STEP_COLUMNS",
            "SUMMARY_COLUMNS", "BacktestError", "BacktestResult", "Calibration", "Choice",
            "Holdout", "LoadModelError", "PlanningError", "Policy", "WindowHistory", "backtest",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -33,6 +34,34 @@ AUTO_PERIODS = (7, 24)
 #: windows hold twice that many periods). The periods of :data:`AUTO_PERIODS` the windows
 #: do not show get one period back only.
 AUTO_SEASONS = (1, 2, 4)
+
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """How a backtest's ``auto`` policy chooses at every step (:func:`~rebalance.core.backtest.
+    backtest`'s ``auto_settings``). The defaults are what ``rebalance backtest`` and the DAG use;
+    the backtest benchmark's ``--sensitivity`` varies them.
+
+    * ``lookback``: at most this many judged windows before a step are compared (56);
+    * ``min_evidence``: with fewer judged windows, auto does what the stay baseline does (7);
+    * ``target``: the share of judged windows within 1 + theta :func:`_pick` aims at (0.9);
+    * ``min_gain``: a chosen candidate's plans must beat not replanning by this much of mean
+      realised imbalance (0);
+    * ``headroom``: the default candidates' fractions of theta (:data:`AUTO_HEADROOM`);
+    * ``share_slack``, ``mean_tolerance``: :func:`_pick`'s (:data:`AUTO_SHARE_SLACK`,
+      :data:`AUTO_MEAN_TOLERANCE`);
+    * ``candidates``: the candidates themselves instead of :func:`default_candidates`.
+    """
+
+    lookback: int = 56
+    min_evidence: int = 7
+    target: float = 0.9
+    min_gain: float = 0.0
+    headroom: Sequence[float] = AUTO_HEADROOM
+    share_slack: float = AUTO_SHARE_SLACK
+    mean_tolerance: float = AUTO_MEAN_TOLERANCE
+    candidates: Sequence[Policy] | None = None
 
 
 def default_candidates(theta: float, n_windows: int, n_keys: int | None = None,

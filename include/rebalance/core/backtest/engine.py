@@ -13,10 +13,8 @@ import numpy as np
 import pandas as pd
 
 from rebalance.core.backtest.auto import (
-    AUTO_HEADROOM,
-    AUTO_MEAN_TOLERANCE,
-    AUTO_SHARE_SLACK,
     MAX_MIGRATION_RATIO,
+    AutoSettings,
     _pick,
     _today,
     default_candidates,
@@ -265,14 +263,19 @@ def backtest(history: WindowHistory, policies: Sequence[Policy], theta: float, h
              start: int | None = None, step: int = 1, baselines: Sequence[str] = BASELINES,
              params: PlanParams | None = None, initial: np.ndarray | None = None,
              oracle_windows: int = ORACLE_WINDOWS, oracle_grid: Sequence[float] | None = None,
-             baseline_method: str = "mixed", auto_options: dict | None = None) -> BacktestResult:
+             baseline_method: str = "mixed", auto_settings: AutoSettings | None = None,
+             candidate_runs: dict | None = None) -> BacktestResult:
     """Replay ``history`` for ``policies`` and ``baselines`` (:mod:`rebalance.core.backtest`).
 
     ``start``: first planning step (default: the most windows any policy needs);
     ``initial``: the assignment before the first step (default: the default placement);
     ``params``: planner parameters (beta, A_max, time limit; theta is set per plan);
-    a policy whose load model is ``auto`` chooses at every step by :func:`choose_online`
-    (``auto_options`` are its keyword arguments).
+    a policy whose load model is ``auto`` chooses at every step among backtested candidates
+    (:func:`_run_auto`) as ``auto_settings`` say (default: :class:`AutoSettings`' defaults).
+    ``candidate_runs``: a dict the caller keeps across backtests of the same history, theta,
+    steps and initial assignment that differ only in ``auto_settings`` (a sweep over them):
+    a candidate's chain does not depend on the settings, so each is run once; ``None`` (the
+    default) keeps nothing.
     """
     if problem := theta_problem(theta):
         raise BacktestError(problem)
@@ -301,7 +304,8 @@ def backtest(history: WindowHistory, policies: Sequence[Policy], theta: float, h
             continue
         chains.append(_run_policy(eng, p, steps, horizon, start_a))
     if auto:
-        from_choice = _run_auto(eng, auto, steps, horizon, start_a, **(auto_options or {}))
+        from_choice = _run_auto(eng, auto, steps, horizon, start_a,
+                                auto_settings or AutoSettings(), candidate_runs)
         chains.extend(from_choice)
     order = {p.name: i for i, p in enumerate(policies)}
     chains.sort(key=lambda c: order[c.name])
@@ -351,29 +355,23 @@ def backtest(history: WindowHistory, policies: Sequence[Policy], theta: float, h
 
 
 def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizon: int,
-              initial: np.ndarray, candidates: Sequence[Policy] | None = None,
-              lookback: int = 56, min_evidence: int = 7, target: float = 0.9,
-              min_gain: float = 0.0, headroom: Sequence[float] = AUTO_HEADROOM,
-              share_slack: float = AUTO_SHARE_SLACK, mean_tolerance: float = AUTO_MEAN_TOLERANCE,
-              runs: dict | None = None) -> list[_Chain]:
+              initial: np.ndarray, settings: AutoSettings, runs: dict | None) -> list[_Chain]:
     """The ``auto`` policies of a backtest: at every step, the candidates' own backtest on
-    the judged windows before it (at most ``lookback``) chooses the load model and
+    the judged windows before it (at most ``settings.lookback``) chooses the load model and
     theta_plan (:func:`_pick`); a step applies the chosen plan only when its candidate's
     plans beat not replanning (the candidate's ``stay_imbalance``) on those windows, so a
     history where planning does not pay keeps the assignment. With fewer than
-    ``min_evidence`` judged windows it does what the stay baseline does: today's plan
-    (mean of the last window, at theta) at the first step, kept.
-    ``headroom``, ``share_slack`` and ``mean_tolerance``: the default candidates' fractions
-    of theta, and :func:`_pick`'s slack and mean tolerance (the backtest benchmark's
-    ``--sensitivity`` varies them).
-    ``runs``: a dict kept by the caller across backtests of the same history, theta,
-    steps and initial assignment (e.g. one per trace while only the selection settings
-    change): a candidate's chain does not depend on them, so each is run once.
+    ``settings.min_evidence`` judged windows it does what the stay baseline does: today's
+    plan (mean of the last window, at theta) at the first step, kept.
+    ``runs``: :func:`backtest`'s ``candidate_runs``.
     Causal: a choice at step t reads only windows before t."""
+    candidates, lookback, min_evidence = (settings.candidates, settings.lookback,
+                                          settings.min_evidence)
+    target, min_gain = settings.target, settings.min_gain
     h, theta = eng.h, eng.theta
     cands = list(candidates) if candidates is not None else default_candidates(
         theta, h.n_windows, h.n_keys, loads=h.loads[:steps[0]],  # causal: before the steps
-        headroom=headroom)
+        headroom=settings.headroom)
     cands = [p for p in cands if p.history <= steps[0]] or [Policy.of("mean:windows=1")]
     runs = [_candidate_run(eng, p, steps, horizon, initial, runs) for p in cands]
     # per candidate: judged window -> (realised, stay, migration of its step)
@@ -411,9 +409,9 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
                     "windows": len(cols)})
                 cap = (None if today_i is None
                        else MAX_MIGRATION_RATIO * float(np.nanmean(m[today_i])))
-                idx, why = _pick(table, math.inf, theta, target, share_slack=share_slack,
-                                 mean_tolerance=mean_tolerance,
-                                 migration_cap=cap)
+                idx, why = _pick(table, math.inf, theta, target,
+                                 share_slack=settings.share_slack,
+                                 mean_tolerance=settings.mean_tolerance, migration_cap=cap)
                 # staying = not replanning: the candidate's previous assignment on the window
                 if idx is not None and not r[idx].mean() < s[idx].mean() - min_gain:
                     why = (f"{cands[idx].name}: replanning does not pay (realised "
@@ -438,7 +436,7 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
 
 def _candidate_run(eng: _Engine, policy: Policy, steps: list[int], horizon: int,
                    initial: np.ndarray, runs: dict | None) -> _Chain:
-    """:func:`_run_policy`, or its chain from ``runs`` (see :func:`_run_auto`), checked to
+    """:func:`_run_policy`, or its chain from ``runs`` (see :func:`backtest`), checked to
     come from the same history, theta, steps, horizon and initial assignment."""
     if runs is None:
         return _run_policy(eng, policy, steps, horizon, initial)
