@@ -215,6 +215,11 @@ def run_child(side: str, a: argparse.Namespace, source: str, routing: str | None
     argv += ["--master", a.master] if a.master else []
     argv += ["--routing", routing] if routing else []
     argv += ["--split"] if a.split else []
+    return child_result(side, argv)
+
+
+def child_result(side: str, argv: list[str]) -> dict:
+    """Run one side's child process; the figures it printed on its ``RESULT`` line."""
     done = subprocess.run(argv, capture_output=True, text=True)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if done.returncode != 0 or not lines:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -116,14 +115,10 @@ def run(side: str, source: str, instances: int, launched: float) -> dict[str, fl
 
 
 def run_child(side: str, source: str, instances: int) -> dict[str, float]:
-    launched = time.time()
-    done = subprocess.run([sys.executable, __file__, "--one", side, "--source", source,
-                           "--instances", str(instances), "--launched", repr(launched)],
-                          capture_output=True, text=True)
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{side} run failed: {done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    from processor_cost_benchmark import child_result
+
+    return child_result(side, [sys.executable, __file__, "--one", side, "--source", source,
+                               "--instances", str(instances), "--launched", repr(time.time())])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
