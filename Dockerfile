@@ -26,7 +26,7 @@ RUN REBALANCE_IVY_CACHE=/tmp/ivy-cache bash /opt/rebalance/include/scripts/fetch
         --no-broker \
  && rm -rf /tmp/ivy-cache
 # The class-data archive every Spark JVM of the image maps (rebalance.spark.cds).
-RUN python -m rebalance.ops.cds
+RUN python -m rebalance.cli.cds
 
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
 COPY --chown=airflow:0 plugins/ /opt/airflow/plugins/

@@ -22,7 +22,7 @@ would refuse. A JVM refuses an archive it cannot use anyway and starts without i
 warning is silenced): the archive only ever changes how fast a JVM starts, never what it
 does. ``REBALANCE_CDS=0`` turns it off.
 
-:mod:`rebalance.ops.cds` builds it (``python -m rebalance.ops.cds``).
+:mod:`rebalance.ops.cds` builds it (``python -m rebalance.cli.cds``).
 """
 
 from __future__ import annotations
