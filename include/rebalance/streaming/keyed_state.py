@@ -277,8 +277,8 @@ class KeyScope:
         self._staged[variable] = store
 
     def flush(self) -> None:
-        """Store the staged writes of the key in scope (the host calls it after each of
-        the processor's calls, and before it moves on to another key)."""
+        """Store the staged writes of the key in scope (:meth:`enter` calls it before the
+        scope moves on to another key, :meth:`flush_all` at the end of Spark's call)."""
         staged, self._staged = self._staged, {}
         for store in staged.values():
             store()
