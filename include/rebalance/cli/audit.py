@@ -63,7 +63,7 @@ def history(args: argparse.Namespace) -> int:
     from rebalance.spark import tables
     from rebalance.spark.plan_store import PLANS, PlanStore
 
-    if args.limit < 0:  # checked before any table is read (issue 14)
+    if args.limit < 0:  # checked before any table is read
         raise UserError(f"--limit must be >= 0 (0: all), got {args.limit}")
     spark = cli_read_session()
     store = PlanStore(spark)
@@ -177,7 +177,7 @@ def rollback(args: argparse.Namespace) -> int:
 
 
 def _check_rollback_args(args: argparse.Namespace) -> None:
-    """Refuse bad numbers before Spark starts (issue 14): one line, exit 2."""
+    """Refuse bad numbers before Spark starts: one line, exit 2."""
 
     from rebalance.cli import UserError
 

@@ -1,5 +1,5 @@
 """``rebalance plan``'s load-model options: ``--load-model`` (default ``auto``),
-``--theta-plan`` and ``--headroom-target`` (issue 19), and the problem they make.
+``--theta-plan`` and ``--headroom-target``, and the problem they make.
 
 :mod:`rebalance.cli.plan` parses them with :func:`add_plan_arguments` and
 :func:`check_plan_arguments` and builds its problem with :func:`load_for_plan`. A single
