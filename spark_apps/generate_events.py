@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-seconds", type=float, default=d.batch_seconds,
                    help="event-time span of one batch")
     p.add_argument("--fluctuation", type=float, default=d.fluctuation,
-                   help="seed 003's f: load change per interval, in mean loads (0: none)")
+                   help="the fluctuation f (Fang et al.): load change per interval, in mean loads (0: none)")
     p.add_argument("--interval-batches", type=int, default=d.interval_batches,
                    help="batches per fluctuation interval")
     p.add_argument("--instances", type=int, default=d.n_instances,
