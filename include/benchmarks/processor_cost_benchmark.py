@@ -196,14 +196,22 @@ def run(side: str, a: argparse.Namespace) -> dict[str, float]:
                          tables_root=tables_root, merge=module.MERGE if a.split else None)
         handle = job.start(output=str(root / "out"), checkpoint=str(root / "chk"))
         query = handle.query
+    figures = query_figures(query, handle, a.launched)
+    spark.stop()
+    return figures
+
+
+def query_figures(query, handle, launched: float) -> dict[str, float]:
+    """Start-up (``launched`` to the first progress), then, once ``handle`` (the query, or
+    the RebalancedQuery running it) processed everything and stopped: the median
+    micro-batch time and the events/s, the first batch left out."""
     while not query.lastProgress:
         time.sleep(0.05)
-    first = time.time() - a.launched
-    handle.process_all_available() if side != "plain" else query.processAllAvailable()
+    first = time.time() - launched
+    query.processAllAvailable() if handle is query else handle.process_all_available()
     done = [p for p in query.recentProgress if p.numInputRows > 0][1:]
     seconds = [p.durationMs["triggerExecution"] / 1000 for p in done]
     handle.stop()
-    spark.stop()
     return {"batch_s": statistics.median(seconds), "startup_s": first,
             "events_per_s": sum(p.numInputRows for p in done) / sum(seconds)}
 

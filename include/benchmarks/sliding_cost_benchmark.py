@@ -102,16 +102,11 @@ def run(side: str, source: str, instances: int, launched: float) -> dict[str, fl
                  .option("checkpointLocation", str(root / "chk"))
                  .trigger(processingTime="1 second").start(str(root / "out")))
         handle = query
-    while not query.lastProgress:
-        time.sleep(0.05)
-    first = time.time() - launched
-    handle.process_all_available() if side == "rebalanced" else query.processAllAvailable()
-    done = [p for p in query.recentProgress if p.numInputRows > 0][1:]
-    seconds = [p.durationMs["triggerExecution"] / 1000 for p in done]
-    handle.stop()
+    from processor_cost_benchmark import query_figures
+
+    figures = query_figures(query, handle, launched)
     spark.stop()
-    return {"batch_s": statistics.median(seconds), "startup_s": first,
-            "events_per_s": sum(p.numInputRows for p in done) / sum(seconds)}
+    return figures
 
 
 def run_child(side: str, source: str, instances: int) -> dict[str, float]:
