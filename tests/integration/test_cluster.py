@@ -185,7 +185,7 @@ def test_controlled_restart_on_the_cluster_keeps_the_state(spark, cluster, tmp_p
     from rebalance.core.placement import default_instances
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
-    from rebalance.streaming.restart_control import RestartControl, request_restart
+    from rebalance.streaming.restart.control import RestartControl, request_restart
 
     root = str(tmp_path / "tables")
     gen = EventGenerator(GeneratorConfig(**RESTART_GEN))

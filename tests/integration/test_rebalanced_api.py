@@ -420,7 +420,7 @@ def resize_scenario(spark, tmp_path_factory):
     their open sessions and timers, and Spark repartitions the rest of the state."""
     from rebalance.spark import tables
     from rebalance.streaming.rebalanced import rebalanced
-    from rebalance.streaming.restart_checkpoint import checkpoint_partitions
+    from rebalance.streaming.restart.checkpoint import checkpoint_partitions
 
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     root, phases = tmp_path_factory.mktemp("resize"), _clicks(n_phases=3, batches=3, seed=7)

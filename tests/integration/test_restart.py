@@ -116,7 +116,7 @@ def _handed_over(spark, checkpoint):
     """State handed over inside the stream of a checkpoint: key -> (label, state as JSON,
     the exporting label's watermark) of its ``in`` rows (written by the old generation's
     sink in its export batch)."""
-    from rebalance.streaming.restart_state import handoff_table
+    from rebalance.streaming.restart.state import handoff_table
 
     rows = spark.read.format("delta").load(handoff_table(checkpoint))
     return {r.key: (r.label, r.value, r.export_watermark_ms)

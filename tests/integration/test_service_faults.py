@@ -368,7 +368,7 @@ import sys, time
 from pathlib import Path
 from rebalance.spark import tables
 from rebalance.spark.session import remote_session
-from rebalance.streaming.restart_control import RestartControl
+from rebalance.streaming.restart.control import RestartControl
 
 url, where, go, stop, written, errors = sys.argv[1:7]
 spark = remote_session(url)

@@ -10,7 +10,6 @@ import pandas as pd
 from rebalance.cli.job_options import add_job_options, add_spark_options, job_config_from_args
 from rebalance.core.placement import default_instances
 from rebalance.spark.tables import INSTANCE_HISTOGRAMS
-from rebalance.streaming import restart
 from rebalance.streaming.job import JobConfig
 from rebalance.streaming.key_state import KeyWindows, dedup_horizon
 from rebalance.streaming.processor import (
@@ -23,6 +22,7 @@ from rebalance.streaming.processor import (
     PERWINDOW_VALUE_DDL,
     output_frame,
 )
+from rebalance.streaming.restart.state import migrate_state
 from rebalance.streaming.routing import instance_labels
 
 COLUMNS = [c.split()[0] for c in INITIAL_STATE_DDL.split(", ")]
@@ -102,7 +102,7 @@ def test_a_moved_key_takes_its_ids_to_its_new_label_and_duplicates_stay_per_inst
     keys = [f"k{i}" for i in range(12)]
     state = _state(keys, 2)
     routing = {"k1": 1 - int(default_instances(["k1"], 2)[0])}
-    out = restart.migrate_state(state, 2, 2, routing, version=4)
+    out = migrate_state(state, 2, 2, routing, version=4)
     perkey = out[out.kind == PERKEY].set_index("key")
     assert perkey.loc["k1", "label"] == instance_labels(2)[routing["k1"]]
     assert all(list(perkey.loc[k, "seen_ids"]) == [f"{k}-e"] for k in keys)
@@ -110,18 +110,18 @@ def test_a_moved_key_takes_its_ids_to_its_new_label_and_duplicates_stay_per_inst
     assert {lab: int(windows.loc[lab, "duplicates"]) for lab in windows.index} == {
         instance_labels(2)[i]: i + 2 for i in range(2)}
     # Scale in to 1: the duplicates of both old instances go to instance 0.
-    one = restart.migrate_state(state, 2, 1, {}, version=5)
+    one = migrate_state(state, 2, 1, {}, version=5)
     assert one[one.kind == PERWINDOW]["duplicates"].sum() == 2 + 3
 
 
 def test_a_window_with_duplicates_only_is_kept_and_state_of_the_earlier_layout_migrates():
     state = _state(["a"], 2)
     state.loc[state.kind == PERKEY, "windows"] = pd.Series([[0]] * 1, dtype=object).values
-    out = restart.migrate_state(state, 2, 2, {}, version=1)
+    out = migrate_state(state, 2, 2, {}, version=1)
     windows = out[out.kind == PERWINDOW]
     assert sorted(windows["duplicates"]) == [2, 3] and (windows["events"] == 0).all()
     old = state.drop(columns=["seen_ids", "seen_times", "duplicates"]).reindex(columns=COLUMNS)
-    moved = restart.migrate_state(old, 2, 3, {}, version=1)
+    moved = migrate_state(old, 2, 3, {}, version=1)
     assert moved[moved.kind == PERWINDOW]["duplicates"].fillna(0).sum() == 0
 
 
@@ -130,7 +130,7 @@ def test_a_key_split_by_a_live_switch_merges_its_ids():
     twin = state[state.kind == PERKEY].copy()
     twin["label"] = [instance_labels(2)[1 - int(twin["default_instance"].iloc[0])]]
     twin["seen_ids"], twin["seen_times"] = [["a-e", "a-f"]], [[10_001, 10_002]]
-    out = restart.migrate_state(pd.concat([state, twin], ignore_index=True), 2, 2, {}, 1)
+    out = migrate_state(pd.concat([state, twin], ignore_index=True), 2, 2, {}, 1)
     (row,) = out[out.kind == PERKEY].itertuples()
     assert list(row.seen_ids) == ["a-e", "a-f"] and list(row.seen_times) == [10_001, 10_002]
 

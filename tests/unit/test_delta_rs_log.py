@@ -18,7 +18,7 @@ def _commit(table, version: int, *actions: dict) -> None:
 
 
 def test_the_files_a_commit_added_in_the_order_of_its_log(tmp_path):
-    from rebalance.streaming.restart_checkpoint import version_files
+    from rebalance.streaming.restart.checkpoint import version_files
 
     table = tmp_path / "events"
     (table / "_delta_log").mkdir(parents=True)

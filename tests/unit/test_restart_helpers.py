@@ -10,8 +10,11 @@ import pandas as pd
 import pytest
 
 from rebalance.core.placement import default_instances
-from rebalance.streaming import restart, restart_checkpoint, restart_sink
+from rebalance.streaming import restart
 from rebalance.streaming.processor import INITIAL_STATE_DDL, PERKEY, PERWINDOW
+from rebalance.streaming.restart import checkpoint as restart_checkpoint
+from rebalance.streaming.restart import sink as restart_sink
+from rebalance.streaming.restart import state as restart_state
 from rebalance.streaming.routing import instance_labels
 
 COLUMNS = [c.split()[0] for c in INITIAL_STATE_DDL.split(", ")]
@@ -36,7 +39,7 @@ def test_moved_keys_change_label_and_unmoved_keys_are_copied_unchanged():
     keys = [f"k{i}" for i in range(20)]
     state = _state(keys, 3)
     routing = {"k1": (int(default_instances(["k1"], 3)[0]) + 1) % 3}
-    out = restart.migrate_state(state, 3, 3, routing, version=7)
+    out = restart_state.migrate_state(state, 3, 3, routing, version=7)
     before = state[state.kind == PERKEY].set_index("key")
     after = out[out.kind == PERKEY].set_index("key")
     assert set(after.index) == set(keys)
@@ -50,7 +53,7 @@ def test_moved_keys_change_label_and_unmoved_keys_are_copied_unchanged():
 def test_open_windows_get_the_totals_of_the_keys_each_instance_now_holds():
     keys = [f"k{i}" for i in range(30)]
     state = _state(keys, 2)
-    out = restart.migrate_state(state, 2, 4, {}, version=3)
+    out = restart_state.migrate_state(state, 2, 4, {}, version=3)
     perkey = out[out.kind == PERKEY]
     labels4 = instance_labels(4)
     assert (perkey["default_instance"].to_numpy() == default_instances(keys, 4)).all()
@@ -69,7 +72,7 @@ def test_a_key_held_by_two_labels_is_merged():
     twin["label"] = [instance_labels(2)[1 - int(twin["default_instance"].iloc[0])]]
     twin["windows"], twin["counts"] = [[10_000]], [[5]]
     twin["sums"], twin["costs"] = [[5.0]], [[5.0]]
-    out = restart.migrate_state(pd.concat([state, twin], ignore_index=True), 2, 2, {}, 1)
+    out = restart_state.migrate_state(pd.concat([state, twin], ignore_index=True), 2, 2, {}, 1)
     (row,) = out[out.kind == PERKEY].itertuples()
     assert list(row.windows) == [0, 10_000] and list(row.counts) == [1, 6]
 
@@ -78,13 +81,13 @@ def test_source_starts_after_the_last_processed_file(monkeypatch):
     files = {4: ["a", "b", "c"], 5: ["d"]}
     monkeypatch.setattr(restart_checkpoint, "version_files", lambda spark, path, v: files[v])
     offset = {"reservoirVersion": 5, "index": -1, "isStartingVersion": False}
-    assert restart.source_after(None, "t", offset) == {
+    assert restart_checkpoint.source_after(None, "t", offset) == {
         "starting_version": 4, "exclude_files": ["a", "b", "c"]}
     offset = {"reservoirVersion": 4, "index": 1, "isStartingVersion": False}
-    assert restart.source_after(None, "t", offset) == {
+    assert restart_checkpoint.source_after(None, "t", offset) == {
         "starting_version": 4, "exclude_files": ["a", "b"]}
     with pytest.raises(restart.RestartError, match="initial snapshot"):
-        restart.source_after(None, "t", {**offset, "isStartingVersion": True})
+        restart_checkpoint.source_after(None, "t", {**offset, "isStartingVersion": True})
 
 
 def test_checkpoint_position_reads_the_last_committed_batch(tmp_path):
@@ -120,15 +123,20 @@ def test_uncommitted_batches_that_wrote_nothing_are_dropped(tmp_path):
     assert restart_checkpoint.drop_uncommitted(str(tmp_path), written=set()) == []
 
 
-def test_the_state_partitions_are_those_the_newest_batch_recorded(tmp_path):
+def test_the_state_partitions_are_those_the_newest_committed_batch_recorded(tmp_path):
     assert restart_checkpoint.checkpoint_partitions(str(tmp_path)) is None   # no batch yet
     _checkpoint(tmp_path, offsets=2, commits=2)
     assert restart_checkpoint.checkpoint_partitions(str(tmp_path)) is None   # no conf
-    for batch, n in ((2, 3), (10, 4)):       # batch 10 after 9: the numeric order counts
+    for batch, n in ((2, 3), (10, 4), (11, 2)):  # batch 10 after 9: the numeric order counts
         (tmp_path / "offsets" / str(batch)).write_text(
             'v1\n{"batchWatermarkMs":0,"conf":{"spark.sql.shuffle.partitions":"%d"}}\n'
             '{"reservoirVersion":1,"index":0}\n' % n)
+    for batch in (2, 10):
+        (tmp_path / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    # batch 11 (a repartition to 2 whose driver died) is not committed: it does not count
     assert restart_checkpoint.checkpoint_partitions(str(tmp_path)) == 4
+    (tmp_path / "commits" / "11").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    assert restart_checkpoint.checkpoint_partitions(str(tmp_path)) == 2
 
 
 def test_an_uncommitted_batch_that_may_have_written_is_not_dropped(tmp_path):
@@ -141,14 +149,14 @@ def test_an_uncommitted_batch_that_may_have_written_is_not_dropped(tmp_path):
 def test_the_version_in_force_comes_from_the_routing_log_of_committed_batches(tmp_path):
     checkpoint = str(tmp_path / "keyed-g1")
     gen = restart.Generation(1, 4, 3, checkpoint, start_batch=5, in_place=True)
-    assert restart.in_force_version(gen, None) == 4            # nothing committed
-    log = restart.routing_log(checkpoint)
+    assert restart_checkpoint.in_force_version(gen, None) == 4            # nothing committed
+    log = restart_checkpoint.routing_log(checkpoint)
     log.mkdir()
     for batch, version in ((2, 3), (7, 6), (9, 8)):          # batch 2: the generation before
         (log / str(batch)).write_text(json.dumps({"assignment_version": version}))
-    assert restart.in_force_version(gen, 6) == 4               # own version until batch 7
-    assert restart.in_force_version(gen, 8) == 6
-    assert restart.in_force_version(gen, 20) == 8
+    assert restart_checkpoint.in_force_version(gen, 6) == 4               # own version until batch 7
+    assert restart_checkpoint.in_force_version(gen, 8) == 6
+    assert restart_checkpoint.in_force_version(gen, 20) == 8
 
 
 def test_a_generation_does_not_follow_versions_for_a_restart_or_another_n():
@@ -159,7 +167,7 @@ def test_a_generation_does_not_follow_versions_for_a_restart_or_another_n():
     meta = {2: {"n_instances": 3}, 5: {"apply_mode": "restart", "n_instances": 3},
             6: {"n_instances": 4}, 7: {"apply_mode": "broadcast", "n_instances": 3},
             8: {"n_instances": 3}}
-    guard = restart.VersionGuard(None, None, 3, in_force=2, requested={8}, metadata=meta)
+    guard = restart_sink.VersionGuard(None, None, 3, in_force=2, requested={8}, metadata=meta)
     guard._refresh = lambda: None
     assert guard.blocked_versions() == [5, 6, 8]
     assert guard.followable(2) and guard.followable(7)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rebalance.ops.service import Service, ServiceError, Settings, airflow_env, components
-from rebalance.streaming.restart_checkpoint import (
+from rebalance.streaming.restart.checkpoint import (
     RestartError,
     kafka_source_after,
     with_new_partitions,

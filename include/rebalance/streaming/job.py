@@ -236,7 +236,7 @@ def read_events(spark: SparkSession, config: JobConfig,
         import json
 
         if starting_offsets:
-            from rebalance.streaming.restart_checkpoint import with_new_partitions
+            from rebalance.streaming.restart.checkpoint import with_new_partitions
 
             partitions = kafka_partitions(spark, config.bootstrap_servers, config.topic)
             if partitions is not None:

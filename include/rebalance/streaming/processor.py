@@ -118,7 +118,7 @@ INITIAL_STATE_DDL = (
 PERKEY, PERWINDOW = "perkey", "perwindow"
 
 #: State handed over inside the stream by a controlled restart that keeps its checkpoint
-#: (:mod:`rebalance.streaming.restart_state`): rows of the operator's input with
+#: (:mod:`rebalance.streaming.restart.state`): rows of the operator's input with
 #: ``handoff`` set. ``export`` (one per label, in the old generation's last batch, after
 #: its events and after emitting the windows its watermark closes): the label gives away
 #: every key whose instance under ``routing_keys`` / ``routing_instances`` (else the key's

@@ -74,7 +74,7 @@ from rebalance.streaming.host import (
 )
 from rebalance.streaming.keyed_state import ContractError, as_struct
 from rebalance.streaming.merge import Merge, merged
-from rebalance.streaming.restart_checkpoint import (
+from rebalance.streaming.restart.checkpoint import (
     checkpoint_partitions,
     drop_uncommitted,
     log_ids,

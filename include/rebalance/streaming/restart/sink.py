@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from rebalance.spark import tables
 from rebalance.streaming.job import KeyedOutputWriter
 from rebalance.streaming.processor import EXPORTED, HANDOFF, HANDOFF_IN, RESULT
-from rebalance.streaming.restart_state import handoff_frame
+from rebalance.streaming.restart.state import handoff_frame
 from rebalance.streaming.routing import follow_assignment_rows
 
 log = logging.getLogger(__name__)

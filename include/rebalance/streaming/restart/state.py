@@ -22,7 +22,7 @@ from rebalance.streaming.processor import (
     PERKEY,
     PERWINDOW,
 )
-from rebalance.streaming.restart_control import Generation
+from rebalance.streaming.restart.control import Generation
 from rebalance.streaming.routing import instance_labels
 
 

@@ -1,67 +1,12 @@
-"""Controlled restart of the keyed job with state migration, exactly once.
+"""The restartable job's driver: runs the keyed query as generations and executes restarts.
 
-A live switch (a new version of ``assignments``) moves a key's events but not its
-state. When the state must follow, the keyed query runs in *generations*:
-
-    generation = (assignment version, N instances, checkpoint directory)
-
-A generation starts with one assignment version and then follows the latest one at
-every micro-batch, as the plain keyed job does (a live switch, published by the DAG
-with ``apply_mode`` broadcast or auto, is used from the next micro-batch; rows record
-the version they were routed by), except versions it must not follow live: those
-published for a controlled restart, or for another N. A batch routed by such a
-version is refused before it writes anything (the generation holds at that
-boundary), and a query started while the latest version is one of them routes by
-the version in force instead (``pin_assignment`` keeps the start version for good).
-A restart to a new assignment version (or a new N: scale out or in) is requested by
-a ``requested`` row in the Delta table ``restarts`` (:func:`request_restart`, what
-the DAG calls); :class:`RestartableJob` (the running job's driver) then
-
-* **same N** (a plan): the checkpoint stays. While the old generation runs on, the
-  job builds the new query and records ``started``; it appends one ``export`` row per
-  label to the checkpoint's handoff table (a second stream of every generation's
-  query, unioned into the operator's input); the old generation's next batch gives
-  away, after its events, every key a label holds that the new routing places
-  elsewhere, and its sink writes that state to the handoff table as ``in`` rows and
-  refuses any later batch; the query stops there and the same checkpoint resumes with
-  the new routing: its first batch takes the state over before its events. Unmoved
-  keys never leave their label; offsets and watermark go on;
-* **another N** (scale out or in, or ``full_restart``): the job **stops** the running
-  generation at a micro-batch boundary (a gate in the ``foreachBatch`` sink lets the
-  batch in flight commit and refuses the next one before it writes anything; the
-  last committed batch, its source offset, next watermark and the version in force
-  come from the checkpoint and the routing log: ``stopped``), **migrates the state**
-  (the whole state read back with the ``statestore`` reader, every key re-keyed to
-  the label of its instance under the target assignment and N, values copied
-  unchanged, open windows given their instance's totals and a timer, staged as
-  Parquet: ``state_written`` and ``started``, one commit) and **starts** the new
-  generation on a new checkpoint with that state as ``initialState`` (its batch 0
-  only) and a Delta source that starts exactly after the old offset
-  (``startingVersion`` of the version holding it, minus the files of that version
-  already processed, by ``input_file_name()``; events older than the old watermark
-  are dropped, as the old generation would have);
-
-and **acknowledges** once the new generation committed its first batch
-(``acknowledged``, with the pause).
-
-Every step is one row written with a Delta transaction (request id, step order),
-so writing it again is a no-op, and each step is re-runnable: a crash at any
-point is recovered by :meth:`RestartableJob.start` in a new process, which finds
-the unfinished request and completes it from its last recorded step (a crashed
-generation first finishes its uncommitted batch from its own checkpoint, as any
-restart does). A failure before ``started`` (the new generation cannot start)
-records ``failed``, resumes the old generation from its checkpoint and records
-``rolled_back``: the previous assignment stays fully in force. A request
-``cancelled`` (the DAG's timeout) before ``started`` is rolled back the same way;
-Delta's transaction order decides which of ``cancelled`` and ``started`` wins.
-
-Output batches keep one order across generations: a generation that keeps the
-checkpoint numbers on in it (from ``start_batch``); one on a new checkpoint numbers
-its batches on from the last committed batch of the one before (``batch_offset``);
-idempotent writes are keyed by the checkpoint's query id, as before.
-
-A split key's partials all go to its largest share, merged (exact for the job's sums).
-Modules: ``restart_control``, ``restart_checkpoint``, ``restart_state``, ``restart_sink``.
+A generation is (assignment version, N, checkpoint directory). :class:`RestartableJob`
+polls the ``restarts`` table for requests (:func:`~.control.request_restart`) and
+executes each: same N, the checkpoint stays and the moved keys' state is handed over
+inside the stream; another N (or ``full_restart``), the generation stops at a
+micro-batch boundary, its state is re-keyed and the new generation starts on a new
+checkpoint. Every step is one ``restarts`` row, so a crash is completed (or rolled back)
+by the next driver. The steps, their rows and the limits: docs/restart.md.
 
 >>> job = RestartableJob(spark, JobConfig(n_instances=4, trigger_seconds=2))  # doctest: +SKIP
 >>> job.start()                                   # recovers an unfinished restart first
@@ -83,7 +28,7 @@ from pyspark.sql.streaming import StreamingQuery
 from rebalance.spark import tables
 from rebalance.spark.jobs import RESTART, record_start
 from rebalance.streaming.job import JobConfig
-from rebalance.streaming.restart_checkpoint import (
+from rebalance.streaming.restart.checkpoint import (
     checkpoint_position,
     covering_batch,
     drop_uncommitted,
@@ -91,25 +36,20 @@ from rebalance.streaming.restart_checkpoint import (
     log_ids,
     next_source,
     routing_log,
-    source_after,  # noqa: F401 - importable from here (tests, callers)
 )
-from rebalance.streaming.restart_control import (
+from rebalance.streaming.restart.control import (
     BOOTSTRAP,
     TERMINAL,
     Generation,
     RestartControl,
     RestartError,
     Step,
-    request_restart,
 )
-from rebalance.streaming.restart_query import Background, generation_query
-from rebalance.streaming.restart_sink import GatedWriter, VersionGuard, follow_routing
-from rebalance.streaming.restart_state import append_export, migrate_state, read_state, write_state
+from rebalance.streaming.restart.query import Background, generation_query
+from rebalance.streaming.restart.sink import GatedWriter, VersionGuard, follow_routing
+from rebalance.streaming.restart.state import append_export, migrate_state, read_state, write_state
 
-__all__ = [  # the driver; the steps' pieces live in the restart_* modules
-    "RestartControl", "RestartError", "RestartableJob", "request_restart",
-    "checkpoint_position",
-]
+__all__ = ["RestartableJob"]
 
 log = logging.getLogger(__name__)
 
@@ -517,7 +457,7 @@ class RestartableJob:
 
     def _routing(self, gen: Generation) -> tuple[DataFrame, VersionGuard | None]:
         """The routing rows of a generation's query and the guard of its sink
-        (:func:`~.restart_sink.follow_routing`). A restart passes what it read while the
+        (:func:`~.sink.follow_routing`). A restart passes what it read while the
         old generation still ran (steps, the assignments' history)."""
         root = self.config.tables_root
         if self.pin_assignment:

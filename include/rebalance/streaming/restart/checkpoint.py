@@ -11,7 +11,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from rebalance.spark import delta_rs
-from rebalance.streaming.restart_control import Generation, RestartError
+from rebalance.streaming.restart.control import Generation, RestartError
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,13 @@ def drop_uncommitted(checkpoint: str, written: set[int]) -> list[int]:
 
 def checkpoint_partitions(checkpoint: str) -> int | None:
     """The shuffle partitions (stateful operators' state partitions) a checkpoint's newest
-    batch recorded in its offset log; None before its first batch."""
-    offsets = log_ids(Path(checkpoint) / "offsets")
-    if not offsets:
+    committed batch recorded in its offset log; None before its first commit. A newer,
+    uncommitted batch does not count: it is replanned, or, if it is a state repartition
+    that did not finish (its driver died), repartitioned again."""
+    commits = log_ids(Path(checkpoint) / "commits")
+    if not commits:
         return None
-    lines = (Path(checkpoint) / "offsets" / str(offsets[-1])).read_text().splitlines()
+    lines = (Path(checkpoint) / "offsets" / str(commits[-1])).read_text().splitlines()
     value = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
     return int(value) if value is not None else None
 

@@ -10,10 +10,10 @@ from pyspark.sql import functions as F
 
 from rebalance.spark import tables
 from rebalance.streaming.job import JobConfig, events_reader, keyed_stream, read_events
-from rebalance.streaming.restart_checkpoint import routing_log
-from rebalance.streaming.restart_control import Generation
-from rebalance.streaming.restart_sink import GatedWriter, VersionGuard
-from rebalance.streaming.restart_state import ensure_handoff_table
+from rebalance.streaming.restart.checkpoint import routing_log
+from rebalance.streaming.restart.control import Generation
+from rebalance.streaming.restart.sink import GatedWriter, VersionGuard
+from rebalance.streaming.restart.state import ensure_handoff_table
 
 
 def generation_query(spark: SparkSession, config: JobConfig, gen: Generation,
