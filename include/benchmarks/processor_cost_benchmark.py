@@ -138,8 +138,9 @@ def planned_routing(names, weights, n: int) -> dict[str, int]:
 
 
 def load_ratio(instances: np.ndarray, weights: np.ndarray, n: int) -> float:
-    load = np.bincount(instances, weights=weights, minlength=n)
-    return float(load.max() / load.mean())
+    from rebalance.core.model import imbalance
+
+    return imbalance(np.bincount(instances, weights=weights, minlength=n))
 
 
 def write_input(frames: list[pd.DataFrame], source: str) -> None:
@@ -274,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from throughput_benchmark import cluster_master
 
+    from rebalance.core.model import imbalance
     from rebalance.core.placement import default_instances, spark_hash_strings
 
     work = Path(tempfile.mkdtemp(prefix="cost-"))
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{a.events} clicks per micro-batch, {a.batches} micro-batches, {a.users} users "
           f"(Zipf {1.0 if a.skew else 0.0}), {a.work_us:g} us CPU per click, N = {a.instances}, "
           f"{where}, {a.runs} runs")
-    balanced = (float(split_load.max() / split_load.mean()) if splits
+    balanced = (imbalance(split_load) if splits
                 else load_ratio(placed, weights, a.instances))
     print(f"load max/mean: plain (Spark's hash) {plain_load:.2f}, rebalanced {balanced:.2f} "
           f"({len(routing)} users routed, {len(splits)} split: {splits})")

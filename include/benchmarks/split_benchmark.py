@@ -47,7 +47,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simulated_work import cpu_work  # noqa: E402
-from stream_benchmark import copy_events, run_job, window_imbalance  # noqa: E402
+from stream_benchmark import copy_events, max_over_mean_by_window, run_job  # noqa: E402
 from throughput_benchmark import CLUSTER_CONF, cluster_master, write_report  # noqa: E402
 
 T0 = pd.Timestamp("2024-01-01T00:00:00Z")
@@ -136,7 +136,7 @@ def run(spark, config, root: Path, expected: pd.DataFrame) -> dict:
 
     stats = run_job(spark, replace(config, tables_root=str(root),
                                    checkpoint_root=str(root / "checkpoints")))
-    imbalance = window_imbalance(spark, str(root), skip_first=0)
+    imbalance = max_over_mean_by_window(spark, str(root), skip_first=0)
     figures = {"events_per_second": stats.events_per_second, "events": stats.events,
                "critical_path": imbalance["cpu_ms_max_over_mean_median"],
                "load_max_over_mean": imbalance["load_max_over_mean_median"]}

@@ -123,8 +123,10 @@ def plan_routing(spark, root: str, n_instances: int, theta: float) -> tuple[dict
     return routing, "mixed (rebalance.core.planners)"
 
 
-def window_imbalance(spark, root: str, skip_first: int = 1) -> dict:
-    """Per window, max/mean across instances of task time and of load (first windows skipped)."""
+def max_over_mean_by_window(spark, root: str, skip_first: int = 1) -> dict:
+    """Per window, max/mean across instances (:func:`rebalance.core.model.imbalance`) of task
+    time, of operator CPU time and of load (the first ``skip_first`` windows skipped)."""
+    from rebalance.core.model import imbalance
     from rebalance.spark import tables
 
     hist = tables.read(spark, tables.INSTANCE_HISTOGRAMS, root).toPandas()
@@ -132,9 +134,8 @@ def window_imbalance(spark, root: str, skip_first: int = 1) -> dict:
     ratios: dict[str, list[float]] = {"task_ms": [], "cpu_ms": [], "load": []}
     for window in windows:
         rows = hist[hist["window_start"] == window]
-        n = rows["instance"].nunique()
-        for column, values in ratios.items():
-            values.append(float(rows[column].max() / (rows[column].sum() / n)))
+        for column, values in ratios.items():   # one row per instance and window
+            values.append(imbalance(rows[column].to_numpy()))
     out: dict = {"windows": len(windows)}
     for column, values in ratios.items():
         out[f"{column}_max_over_mean_median"] = float(np.median(values))
@@ -143,6 +144,7 @@ def window_imbalance(spark, root: str, skip_first: int = 1) -> dict:
 
 
 def balance(spark, work: Path, args) -> dict:
+    from rebalance.core.model import imbalance
     from rebalance.core.placement import default_instances
     from rebalance.spark import tables
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
@@ -159,7 +161,7 @@ def balance(spark, work: Path, args) -> dict:
     config = JobConfig(n_instances=args.balance_instances, window_seconds=10.0, n_windows=2,
                        watermark_seconds=5.0, work=cpu_work(args.work_us_per_cost),
                        max_files_per_trigger=1)
-    out = {"expected_hash_load_max_over_mean": float(model.max() / model.mean())}
+    out = {"expected_hash_load_max_over_mean": imbalance(model)}
     roots = {name: work / f"balance-{name}" for name in ("hash", "balanced")}
     for name, root in roots.items():
         copy_events(source, root)
@@ -173,7 +175,7 @@ def balance(spark, work: Path, args) -> dict:
             out["planner"] = method
             out["routing_table_size"] = len(routing)
         run_job(spark, run_config)
-        out[name] = window_imbalance(spark, str(root))
+        out[name] = max_over_mean_by_window(spark, str(root))
         print(f"  {name:8}: max/mean across instances, median over windows: task time "
               f"{out[name]['task_ms_max_over_mean_median']:.2f}, operator CPU time "
               f"{out[name]['cpu_ms_max_over_mean_median']:.2f}, load "

@@ -50,7 +50,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simulated_work import cpu_work  # noqa: E402
-from stream_benchmark import copy_events, plan_routing, run_job, window_imbalance  # noqa: E402
+from stream_benchmark import copy_events, max_over_mean_by_window, plan_routing, run_job  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -79,6 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def measure(spark, work: Path, source: Path, n: int, args) -> dict:
+    from rebalance.core.model import imbalance
     from rebalance.core.placement import default_instances
     from rebalance.spark import tables
     from rebalance.streaming.job import JobConfig
@@ -87,7 +88,7 @@ def measure(spark, work: Path, source: Path, n: int, args) -> dict:
     model = np.bincount(default_instances(gen.keys, n), weights=gen.frequencies(0), minlength=n)
     config = JobConfig(n_instances=n, window_seconds=10.0, n_windows=2, watermark_seconds=5.0,
                        work=cpu_work(args.work_us_per_cost), max_files_per_trigger=1)
-    out: dict = {"instances": n, "hash_load_max_over_mean_model": float(model.max() / model.mean())}
+    out: dict = {"instances": n, "hash_load_max_over_mean_model": imbalance(model)}
     roots = {name: work / f"n{n}-{name}" for name in ("hash", "planned")}
     for name, root in roots.items():
         copy_events(source, root)
@@ -97,14 +98,14 @@ def measure(spark, work: Path, source: Path, n: int, args) -> dict:
             out["routing_table_size"] = len(routing)
         stats = run_job(spark, replace(config, name=f"n{n}{name}", tables_root=str(root),
                                        checkpoint_root=str(root / "checkpoints")))
-        imbalance = window_imbalance(spark, str(root), skip_first=0)
+        spread = max_over_mean_by_window(spark, str(root), skip_first=0)
         out[name] = {"events_per_second": stats.events_per_second, "events": stats.events,
                      "seconds": stats.seconds, "wall": stats.wall,
-                     "critical_path_ratio": imbalance["task_ms_max_over_mean_median"],
-                     "load_max_over_mean": imbalance["load_max_over_mean_median"]}
+                     "critical_path_ratio": spread["task_ms_max_over_mean_median"],
+                     "load_max_over_mean": spread["load_max_over_mean_median"]}
         print(f"  N={n} {name:7}: {stats.events_per_second:8.0f} events/s, critical path "
-              f"max/mean {imbalance['task_ms_max_over_mean_median']:.2f}, load max/mean "
-              f"{imbalance['load_max_over_mean_median']:.2f} (load average "
+              f"max/mean {spread['task_ms_max_over_mean_median']:.2f}, load max/mean "
+              f"{spread['load_max_over_mean_median']:.2f} (load average "
               f"{os.getloadavg()[0]:.1f})", flush=True)
     out["speedup"] = out["planned"]["events_per_second"] / out["hash"]["events_per_second"]
     return out

@@ -143,7 +143,11 @@ def _validation(key_names: list[str], rng) -> tuple[dict, dict]:
     record every stored plan carries."""
     import pandas as pd
 
-    from rebalance.control.validation import PlanLimits, recompute_metrics, validate_plan
+    from rebalance.control.validation import (
+        PlanLimits,
+        recompute_metrics_independently,
+        validate_plan,
+    )
 
     keys = len(key_names)
     current = rng.integers(0, N_INSTANCES, keys)
@@ -152,7 +156,7 @@ def _validation(key_names: list[str], rng) -> tuple[dict, dict]:
     frame = pd.DataFrame({"key": key_names, "instance": instance, "current": current,
                           "default": current, "load": rng.random(keys),
                           "state": rng.random(keys) * 1e4, "moved": instance != current})
-    metrics = recompute_metrics(frame, N_INSTANCES)
+    metrics = recompute_metrics_independently(frame, N_INSTANCES)
     result = validate_plan(frame, metrics, PlanLimits(N_INSTANCES, 10.0, keys))
     assert result.success, result.failures
     return result.statistics, dict(metrics)

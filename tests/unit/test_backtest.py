@@ -16,9 +16,10 @@ from rebalance.core.backtest import (
     calibrate,
     choose,
     holds,
-    window_imbalance,
+    window_instance_loads,
 )
 from rebalance.core.forecast import LoadModel, detect_period
+from rebalance.core.model import imbalance
 
 KEYS = np.array(["a", "b", "c", "d"], dtype=object)
 DEFAULT = np.array([0, 0, 1, 1])     # {a, b} on instance 0, {c, d} on instance 1
@@ -138,9 +139,11 @@ def test_robust_policy_keeps_alternating_windows():
     assert s.loc[robust2.name, "share_within"] == 1.0
 
 
-def test_window_imbalance_and_deterministic():
+def test_window_instance_loads_and_deterministic():
     loads = np.array([[2.0, 2.0, 1.0, 1.0], [0, 0, 0, 0]])
-    assert window_imbalance(loads, DEFAULT, 2).tolist() == pytest.approx([4 / 3, 1.0])
+    per_instance = window_instance_loads(loads, DEFAULT, 2)
+    assert per_instance.tolist() == [[4.0, 2.0], [0.0, 0.0]]
+    assert imbalance(per_instance).tolist() == pytest.approx([4 / 3, 1.0])
     rng = np.random.default_rng(0)
     h = _history(rng.poisson(5, (12, 4)) + 1)
     pols = [Policy.of("mean:windows=1"), Policy.of("ewm:halflife=2,windows=3", theta_plan=0.02)]

@@ -404,8 +404,8 @@ def apply_plan(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------- status
-def latest_window_imbalance(spark, n_instances: int, n_windows: int
-                            ) -> list[tuple[str, float | None, int]]:
+def latest_windows(spark, n_instances: int, n_windows: int
+                   ) -> list[tuple[str, float | None, int]]:
     """(window start, imbalance over the N instances, assignment version) of the latest
     windows, oldest first (:func:`rebalance.spark.loads.window_loads`)."""
     from rebalance.core.records import as_utc
@@ -435,7 +435,7 @@ def status(args: argparse.Namespace) -> int:
     n = int(tables.assignments_n_instances(spark))
     print(f"live assignment: version {live.version}, N = {n}, routing table "
           f"{len(live.routing)} key(s)")
-    windows = latest_window_imbalance(spark, n, args.windows)
+    windows = latest_windows(spark, n, args.windows)
     if not windows:
         print("windows: none stored yet")
     for start, value, version in windows:

@@ -244,7 +244,9 @@ def plot_instance_loads(spark, path: Path, outcomes: list[Outcome]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.dates
     import matplotlib.pyplot as plt
+    import pandas as pd
 
+    from rebalance.core.model import imbalance
     from rebalance.spark import tables
 
     pdf = (tables.read(spark, tables.INSTANCE_HISTOGRAMS)
@@ -253,12 +255,12 @@ def plot_instance_loads(spark, path: Path, outcomes: list[Outcome]) -> Path:
     loads = pdf.pivot_table(index="window_start", columns="instance", values="events",
                             fill_value=0).sort_index()
     versions = pdf.groupby("window_start")["version"].max().sort_index()
-    imbalance = loads.max(axis=1) / loads.mean(axis=1)
+    ratio = pd.Series(imbalance(loads.to_numpy()), index=loads.index)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1.4]})
     for instance in loads.columns:
         top.plot(loads.index, loads[instance], marker=".", label=f"instance {instance}")
-    bottom.plot(imbalance.index, imbalance, color="black", marker=".", label="max / mean")
+    bottom.plot(ratio.index, ratio, color="black", marker=".", label="max / mean")
     bottom.axhline(1.5, color="red", linestyle=":", label="trigger: MLDC 0.5")
     bottom.axhline(1 + RUN_CONF["theta"], color="green", linestyle=":", label="1 + theta")
     changes = versions[versions.diff().fillna(0) > 0]

@@ -44,10 +44,10 @@ from rebalance.core.backtest import (
     choose,
     default_candidates,
     holds,
-    window_imbalance,
+    window_instance_loads,
 )
 from rebalance.core.forecast import LoadModel, LoadModelError, forecast, scenarios
-from rebalance.core.model import PlanParams, Problem
+from rebalance.core.model import PlanParams, Problem, imbalance
 from rebalance.core.trigger import Decision, GainGate, ThetaTrigger, TriggerPolicy, mldc
 
 
@@ -65,9 +65,9 @@ def detect(history: WindowHistory, current: np.ndarray, p: RunParams, events: in
     rule, the imbalance of every window under the live assignment and that of their
     mean load (the MLDC paper's MLDC is that minus 1).
     """
-    per_window = window_imbalance(history.loads, current, history.n_instances)
-    mean_imb = float(window_imbalance(history.loads.mean(axis=0), current,
-                                      history.n_instances)[0])
+    per_window = imbalance(window_instance_loads(history.loads, current, history.n_instances))
+    mean_imb = float(imbalance(window_instance_loads(history.loads.mean(axis=0), current,
+                                                     history.n_instances))[0])
     if p.trigger_rule == "mldc":
         # rules 1-3 now; rule 4 needs the candidate plan and is checked by the plan task
         rules = dataclasses.replace(TriggerPolicy(min_items=int(p.min_events)),

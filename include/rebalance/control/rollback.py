@@ -15,7 +15,7 @@ import numpy as np
 
 from rebalance.control.inputs import assignment_frame, plan_store
 from rebalance.control.params import RunInfo, RunParams
-from rebalance.control.validation import recompute_metrics
+from rebalance.control.validation import recompute_metrics_independently
 from rebalance.core.model import Problem, evaluate
 from rebalance.core.placement import default_instances
 from rebalance.core.records import PlanRecord, PlanStatus, as_utc, hash_id
@@ -61,7 +61,8 @@ def propose_rollback(spark, to_version: int, theta: float | None = None,
                       default=default, n_instances=n)
     frame = assignment_frame(problem, restored, target.splits)
     # the gate's own arithmetic: a split key loads its instances by share
-    metrics = {**evaluate(problem, restored).to_dict(), **recompute_metrics(frame, n)}
+    metrics = {**evaluate(problem, restored).to_dict(),
+               **recompute_metrics_independently(frame, n)}
     bound = theta if theta is not None else max(0.1, metrics["imbalance_after"] - 1 + 1e-6)
     mode = "dry-run" if dry_run else "auto"
     params = RunParams(theta=bound, max_table=None, migration_budget=None,

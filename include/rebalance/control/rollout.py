@@ -15,12 +15,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rebalance.control.errors import ApplyRefused, RestartFailed, RunSkipped, VerificationFailed
 from rebalance.control.inputs import env_seconds, job_name, plan_store, spark_session
 from rebalance.control.params import AUTO_RESTART_ABOVE, unpack
 from rebalance.control.tasks import new_routing, publish, validate
+from rebalance.core.model import imbalance
 from rebalance.core.records import (
     APPLY_LEASE,
     LIVE_STATUSES,
@@ -30,6 +31,9 @@ from rebalance.core.records import (
     as_utc,
     utcnow,
 )
+
+if TYPE_CHECKING:
+    from rebalance.spark.loads import WindowLoads
 
 log = logging.getLogger(__name__)
 
@@ -346,9 +350,9 @@ def verify(applied: Mapping[str, Any]) -> dict[str, Any]:
         return _verified(record)
     if record.status != PlanStatus.APPLIED.value:
         raise RunSkipped(f"plan {plan_id} is {record.status}: nothing was applied to verify")
-    realised, windows = realised_imbalance(spark, record.assignment_version,
-                                           int(record.inputs["n_instances"]), p.verify_windows)
-    if realised is None:
+    loads, windows = loads_under_version(spark, record.assignment_version,
+                                         int(record.inputs["n_instances"]), p.verify_windows)
+    if loads is None:
         waited = utcnow() - (record.applied_at or utcnow())
         if waited > dt.timedelta(minutes=p.verify_timeout_minutes):
             raise VerificationFailed(
@@ -358,6 +362,8 @@ def verify(applied: Mapping[str, Any]) -> dict[str, Any]:
                  p.verify_windows, record.assignment_version, len(windows))
         return {"is_done": False, "xcom_value": None,
                 "recheck_at": _deadline(record, p.verify_timeout_minutes)}
+    # the windows' loads summed, over the N instances (1.0 when there is no load)
+    realised = float(imbalance(loads.loads.sum(axis=0), loads.active))
     predicted = float(record.predicted_imbalance)
     limit = verify_limit(p.theta, p.verify_tolerance)
     ok = bool(realised <= limit)
@@ -406,9 +412,10 @@ def _verified(record: PlanRecord) -> dict[str, Any]:
     return {"is_done": True, "xcom_value": record.summary()}
 
 
-def realised_imbalance(spark, version: int, n_instances: int,
-                       n_windows: int) -> tuple[float | None, list[str]]:
-    """Imbalance over the first ``n_windows`` complete windows run under ``version``.
+def loads_under_version(spark, version: int, n_instances: int,
+                        n_windows: int) -> tuple[WindowLoads | None, list[str]]:
+    """The instance loads of the first ``n_windows`` complete windows run under ``version``
+    and those windows' starts.
 
     A window counts when every one of its rows carries ``version`` (the switch did not
     happen inside it). Returns (None, windows found) while there are not enough.
@@ -434,4 +441,4 @@ def realised_imbalance(spark, version: int, n_instances: int,
     if len(windows) < n_windows:
         return None, [w.isoformat() for w in windows]
     loads = window_loads(spark, n_instances, starts=windows, source=tables.KEY_HISTOGRAMS)
-    return loads.total_imbalance(), [w.isoformat() for w in windows]
+    return loads, [w.isoformat() for w in windows]

@@ -65,13 +65,17 @@ class ValidationResult:
         return "plan rejected: " + "; ".join(self.failures)
 
 
-def recompute_metrics(frame: pd.DataFrame, n_instances: int, drain=(),
+def recompute_metrics_independently(frame: pd.DataFrame, n_instances: int, drain=(),
                       splits: dict[str, dict[int, float]] | None = None) -> dict[str, float]:
     """Metrics of the assignment frame, from its columns alone. A split key
     (:data:`~rebalance.core.records.SPLIT_COLUMN`; ``splits``: the frame's, parsed by the
     caller) loads each of its instances by its share, is moved only when none of them is
     its current instance (:func:`~rebalance.core.records.moved_mask`), and takes one
-    routing-table entry per share."""
+    routing-table entry per share.
+
+    Independently of the planner's code on purpose: the imbalance is computed here, not by
+    :func:`rebalance.core.model.imbalance` (what computed the reported figure), so a fault
+    in that one definition cannot make a plan agree with itself."""
     load = frame["load"].to_numpy(dtype=np.float64)
     state = frame["state"].to_numpy(dtype=np.float64)
     inst = frame["instance"].to_numpy()
@@ -246,8 +250,8 @@ def validate_plan(frame: pd.DataFrame, metrics: dict[str, Any], limits: PlanLimi
     frame = frame.loc[:, columns].copy()
     frame["moved_recomputed"] = moved_mask(frame["key"], frame["instance"], frame["current"],
                                            splits)
-    recomputed = recompute_metrics(frame.dropna(subset=list(ASSIGNMENT_COLUMNS)),
-                                   limits.n_instances, limits.drain, splits)
+    recomputed = recompute_metrics_independently(
+        frame.dropna(subset=list(ASSIGNMENT_COLUMNS)), limits.n_instances, limits.drain, splits)
     row: dict[str, Any] = {}
     for name, value in recomputed.items():
         reported = metrics.get(name)

@@ -179,18 +179,15 @@ class Problem:
         inside = (a >= 0) & (a < self.n_instances)
         return np.bincount(a[inside], weights=self.load[inside], minlength=self.n_instances)
 
-    def scenario_imbalance(self, assignment: np.ndarray) -> float:
-        """Worst imbalance over the scenarios (the load's when there are none)."""
+    def scenario_loads(self, assignment: np.ndarray) -> np.ndarray:
+        """Instance loads under ``assignment`` in each scenario (S x N; the load's alone, one
+        row, when there are none): :func:`imbalance` of it is each scenario's imbalance."""
         a = np.asarray(assignment, dtype=np.int64)
-        active = self.active
         rows = self.scenarios if self.scenarios is not None else self.load[None, :]
         inside = (a >= 0) & (a < self.n_instances)
-        worst = 1.0
-        for row in rows:
-            loads = np.bincount(a[inside], weights=row[inside], minlength=self.n_instances)
-            if row.sum() > 0:
-                worst = max(worst, imbalance(loads, active))
-        return worst
+        flat = (np.arange(len(rows))[:, None] * self.n_instances + a[inside][None, :]).ravel()
+        return np.bincount(flat, weights=rows[:, inside].ravel(),
+                           minlength=len(rows) * self.n_instances).reshape(len(rows), -1)
 
     def mean_load(self) -> float:
         return float(self.load.sum()) / int(self.active.sum())
@@ -295,25 +292,23 @@ class Metrics:
         return dataclasses.asdict(self)
 
 
-def imbalance(loads: np.ndarray, active: np.ndarray | None = None) -> float:
-    """max load / mean load over the active instances (1.0 when there is no load).
+def imbalance(loads: np.ndarray, active: np.ndarray | None = None):
+    """max load / mean load over the active instances (1.0 when there is no load): the one
+    definition of the imbalance every figure of balance uses.
 
-    The max is over every instance: load left on an instance that is being removed counts."""
+    ``loads``: one load per instance (a float is returned), or a matrix with one row of
+    instance loads per window or scenario (an array of one imbalance per row is returned).
+    ``active``: mask of the instances the mean is over (None: all). The max is over every
+    instance: load left on an instance that is being removed counts."""
     loads = np.asarray(loads, dtype=np.float64)
-    act = loads if active is None else loads[active]
-    total = float(act.sum())
-    if total <= 0 or not len(act):
-        return 1.0
-    return float(loads.max()) / (total / len(act))
-
-
-def row_imbalance(per_instance: np.ndarray) -> np.ndarray:
-    """:func:`imbalance` of each row of an (R x N) matrix of instance loads, all active."""
-    per_instance = np.atleast_2d(np.asarray(per_instance, dtype=np.float64))
-    total = per_instance.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = per_instance.max(axis=1) / (total / per_instance.shape[1])
-    return np.where(total > 0, out, 1.0)
+    rows = np.atleast_2d(loads)
+    act = rows if active is None else rows[:, active]
+    total = act.sum(axis=1)
+    out = np.ones(rows.shape[0])
+    has_load = (total > 0) if act.shape[1] else np.zeros(rows.shape[0], dtype=bool)
+    if has_load.any():
+        out[has_load] = rows[has_load].max(axis=1) / (total[has_load] / act.shape[1])
+    return float(out[0]) if loads.ndim == 1 else out
 
 
 def evaluate(problem: Problem, assignment: np.ndarray) -> Metrics:
@@ -337,9 +332,9 @@ def evaluate(problem: Problem, assignment: np.ndarray) -> Metrics:
         # robust planning: the plan is judged on its worst scenario
         cur = np.minimum(problem.current, problem.n_instances - 1)
         gone = problem.current >= problem.n_instances
-        before = problem.scenario_imbalance(cur) if not gone.any() else imb_before
-        imb_before = max(imb_before, before)
-        imb_after = max(imb_after, problem.scenario_imbalance(a))
+        if not gone.any():
+            imb_before = max(imb_before, float(imbalance(problem.scenario_loads(cur), active).max()))
+        imb_after = max(imb_after, float(imbalance(problem.scenario_loads(a), active).max()))
     moved = a != problem.current
     mig = float(problem.state[moved].sum())
     total_state = float(problem.state.sum())

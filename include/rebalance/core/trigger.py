@@ -131,7 +131,7 @@ def _finite_at_least(name: str, value, low: float) -> None:
         raise ValueError(f"{name} must be a finite number >= {low:g}, got {value!r}")
 
 
-def _imbalances_text(values) -> str:
+def _values_text(values) -> str:
     return ", ".join("nan" if v != v else f"{v:.3f}" for v in values)
 
 
@@ -169,7 +169,7 @@ class ThetaTrigger:
         over = sum(1 for v in recent if v > self.bound)
         need = len(recent) // 2 + 1
         seen = (f"{over} of the latest {len(recent)} window(s) exceed 1 + theta = "
-                f"{self.bound:.3f} (imbalance {_imbalances_text(recent)})")
+                f"{self.bound:.3f} (imbalance {_values_text(recent)})")
         reasons = []
         if not recent:
             reasons.append("no window to judge the imbalance on")

@@ -39,20 +39,21 @@ class WindowLoads:
     versions: list[int]
     n_instances: int
 
-    def _active(self) -> np.ndarray:
+    @property
+    def active(self) -> np.ndarray:
+        """Mask of the job's N instances among the columns (a column at or above N holds
+        rows written before a change of N)."""
         active = np.zeros(self.loads.shape[1], dtype=bool)
         active[:self.n_instances] = True
         return active
 
     def imbalances(self) -> list[float | None]:
-        """Each window's imbalance over the N instances (None for a window with no load)."""
-        active = self._active()
-        return [float(imbalance(row, active)) if row[active].sum() > 0 else None
-                for row in self.loads]
-
-    def total_imbalance(self) -> float:
-        """The imbalance of the windows' loads summed (1.0 when there is no load)."""
-        return float(imbalance(self.loads.sum(axis=0), self._active()))
+        """Each window's :func:`~rebalance.core.model.imbalance` over the N instances (None
+        for a window with no load)."""
+        active = self.active
+        values = imbalance(self.loads, active) if len(self.loads) else []
+        return [float(v) if row[active].sum() > 0 else None
+                for v, row in zip(values, self.loads)]
 
 
 def source_table(spark, root: str | Path | None = None) -> tables.Table | None:

@@ -30,7 +30,7 @@ from rebalance.core.backtest.engine import (
     backtest,
     given_forecasts,
     headroom_grid,
-    window_imbalance,
+    window_instance_loads,
 )
 from rebalance.core.backtest.gate import Calibration, Choice, Holdout, calibrate, choose, holds
 from rebalance.core.backtest.history import (
@@ -51,4 +51,4 @@ __all__ = ["AUTO_HEADROOM", "AUTO_MODELS", "AUTO_PERIODS", "AUTO_SEASONS",
            "SUMMARY_COLUMNS", "BacktestError", "BacktestResult", "Calibration", "Choice",
            "Holdout", "LoadModelError", "PlanningError", "Policy", "WindowHistory", "backtest",
            "calibrate", "choose", "default_candidates", "given_forecasts", "headroom_grid", "holds",
-           "window_imbalance"]
+           "window_instance_loads"]

@@ -30,7 +30,7 @@ from rebalance.core.backtest.history import (
 )
 from rebalance.core.defaults import theta_problem
 from rebalance.core.forecast import LoadModel, forecast, scenarios
-from rebalance.core.model import PlanParams, Problem, row_imbalance
+from rebalance.core.model import PlanParams, Problem, imbalance
 
 
 # --------------------------------------------------------------------------- results
@@ -65,13 +65,13 @@ SUMMARY_COLUMNS = ("policy", "kind", "theta_plan", "share_within", "mean_imbalan
                    "steps", "windows", "plan_seconds")
 
 
-def window_imbalance(loads: np.ndarray, assignment: np.ndarray, n: int) -> np.ndarray:
-    """Imbalance (max / mean over N instances) of each row of ``loads`` (R x K) under
-    ``assignment``; 1.0 for a row without load."""
+def window_instance_loads(loads: np.ndarray, assignment: np.ndarray, n: int) -> np.ndarray:
+    """The N instance loads of each row of ``loads`` (R x K key loads) under ``assignment``
+    (R x N); :func:`~rebalance.core.model.imbalance` of it is each window's imbalance."""
     loads = np.atleast_2d(loads)
     r = loads.shape[0]
     flat = (np.arange(r)[:, None] * n + np.asarray(assignment)[None, :]).ravel()
-    return row_imbalance(np.bincount(flat, weights=loads.ravel(), minlength=r * n).reshape(r, n))
+    return np.bincount(flat, weights=loads.ravel(), minlength=r * n).reshape(r, n)
 
 
 class _Chain:
@@ -120,9 +120,9 @@ class _Engine:
         tp = float(theta_plan or self.theta)
         rows = sc if sc is not None else load[None, :]
         if (self.params.max_table is None
-                and window_imbalance(rows, a, self.n).max() <= 1 + tp):
+                and imbalance(window_instance_loads(rows, a, self.n)).max() <= 1 + tp):
             # every instance is within the bound already: the planners move nothing
-            return a.copy(), float(window_imbalance(rows, a, self.n).max()), 0.0, 0, 0.0
+            return a.copy(), float(imbalance(window_instance_loads(rows, a, self.n)).max()), 0.0, 0, 0.0
         params = dataclasses.replace(self.params, theta=tp)
         problem = Problem(keys=h.keys[sel], load=load[sel], state=state[sel], current=a[sel],
                           default=h.default[sel], n_instances=self.n,
@@ -131,7 +131,7 @@ class _Engine:
         new = a.copy()
         new[sel] = proposal.assignment
         seconds = time.perf_counter() - t0
-        predicted = float(window_imbalance(rows, new, self.n).max())
+        predicted = float(imbalance(window_instance_loads(rows, new, self.n)).max())
         moved = new != a
         total = float(state.sum())
         migration = float(state[moved].sum()) / total if total > 0 else 0.0
@@ -142,8 +142,8 @@ class _Engine:
               applied: bool = True) -> None:
         h = self.h
         idx = np.asarray(list(windows), dtype=np.int64)
-        realised = window_imbalance(h.loads[idx], chain.a, self.n)
-        stay = window_imbalance(h.loads[idx], before, self.n)
+        realised = imbalance(window_instance_loads(h.loads[idx], chain.a, self.n))
+        stay = imbalance(window_instance_loads(h.loads[idx], before, self.n))
         table = int((chain.a != h.default).sum())
         limit = 1.0 + self.theta
         for j, r, s in zip(idx.tolist(), realised.tolist(), stay.tolist()):

@@ -18,10 +18,10 @@ from rebalance.core.backtest.engine import (
     _Engine,
     backtest,
     headroom_grid,
-    window_imbalance,
+    window_instance_loads,
 )
 from rebalance.core.backtest.history import BacktestError, Policy, WindowHistory
-from rebalance.core.model import PlanParams
+from rebalance.core.model import PlanParams, imbalance
 
 
 # ------------------------------------------------------------------ calibration
@@ -128,7 +128,7 @@ def choose(history: WindowHistory, theta: float, time_limit: float = 30.0, targe
         rows.append(r.summary.iloc[0].to_dict())
     table = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
     judged = h.loads[start:]
-    stay_mean = float(window_imbalance(judged, start_a, h.n_instances).mean())
+    stay_mean = float(imbalance(window_instance_loads(judged, start_a, h.n_instances)).mean())
     today = _today([p for p in cands if p.name in set(table["policy"])], theta)
     cap = None
     if today is not None:
@@ -179,8 +179,8 @@ def holds(history: WindowHistory, policy: Policy, theta: float, holdout: int = 1
     new, pred, mig, moved, _ = eng.plan(cur, h.loads[cut - w:cut], h.state[cut - w:cut].sum(0),
                                         policy.load_model, policy.theta_plan, policy.method)
     judged = h.loads[cut:]
-    plan_r = window_imbalance(judged, new, h.n_instances)
-    stay_r = window_imbalance(judged, cur, h.n_instances)
+    plan_r = imbalance(window_instance_loads(judged, new, h.n_instances))
+    stay_r = imbalance(window_instance_loads(judged, cur, h.n_instances))
     p, s = float(plan_r.mean()), float(stay_r.mean())
     ok = p < s - min_gain
     verdict = "hold" if ok else "do not hold"
