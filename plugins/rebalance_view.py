@@ -3,8 +3,8 @@
 Read-only pages for a newcomer and an auditor alike, shown as the **Rebalance** tab of
 every DAG page and in the navigation:
 
-* ``/rebalance/``: realised imbalance of recent windows against ``1 + theta`` with every
-  plan's verify result (chart), instance loads over recent windows (chart), the plan
+* ``/rebalance/``: realised imbalance of the latest windows against ``1 + theta`` with every
+  plan's verify result (chart), instance loads over the same windows (chart), the plan
   history (status, method, imbalance before / predicted / backtested / realised, theta
   and theta_plan, migration, moved keys, table size, lower bound, link to the DAG run),
   assignment versions with the live one marked;
@@ -84,7 +84,7 @@ def api_assignments() -> JSONResponse:
 
 
 @app.get("/api/loads")
-def api_loads(windows: int = 30) -> JSONResponse:
+def api_loads(windows: int = 60) -> JSONResponse:
     from rebalance.ui import views
     return JSONResponse(views.instance_loads(_spark(), windows=windows))
 
@@ -119,9 +119,10 @@ def _health() -> dict[str, str]:
 
 
 @app.get("/api/imbalance")
-def api_imbalance(windows: int = 60) -> JSONResponse:
+def api_ratios(windows: int = 60) -> JSONResponse:
+    """Each window's max / mean load against ``1 + theta`` (:func:`views.realised_ratios`)."""
     from rebalance.ui import views
-    return JSONResponse(views.realised_imbalance(_spark(), windows=windows))
+    return JSONResponse(views.realised_ratios(_spark(), windows=windows))
 
 
 # --------------------------------------------------------------------------------- pages
@@ -129,8 +130,8 @@ def api_imbalance(windows: int = 60) -> JSONResponse:
 def index(request: Request, triggered: str | None = None, error: str | None = None) -> str:
     from rebalance.ui import pages, views
     spark = _spark()
-    return pages.render_index(views.instance_loads(spark, windows=30),
-                              views.realised_imbalance(spark, windows=60),
+    return pages.render_index(views.instance_loads(spark, windows=views.CHART_WINDOWS),
+                              views.realised_ratios(spark, windows=views.CHART_WINDOWS),
                               views.plans(spark, limit=100), views.assignments(spark),
                               _health(), triggered=triggered, error=error)
 

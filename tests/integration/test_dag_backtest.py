@@ -127,7 +127,7 @@ def test_a_plan_that_holds_is_applied_and_verified_against_the_bound(dag, data, 
     assert (page["predicted_imbalance"], page["backtested_imbalance"],
             page["realised_imbalance"], page["theta_plan"]) == (
         plan.predicted_imbalance, bt["planned"], plan.realised_imbalance, bt["theta_plan"])
-    chart = views.realised_imbalance(spark)
+    chart = views.realised_ratios(spark)
     assert len(chart["windows"]) == 7 and chart["versions"] == [0] * 6 + [1]
     assert chart["theta"] == [theta] * 7
     assert min(chart["imbalance"][:6]) > 1.5 and chart["imbalance"][6] <= 1 + theta

@@ -137,7 +137,7 @@ def test_the_charts_render_loads_and_the_plans_table_escapes_and_marks():
     assert "<td>1.080</td>" in table and "<td>0.1</td><td>0.05</td>" in table
 
 
-def test_the_realised_imbalance_chart_plots_each_window_against_one_plus_theta():
+def test_the_ratio_chart_plots_each_window_against_one_plus_theta():
     data = {"windows": ["2026-11-24T00:00:00", "2026-11-24T00:00:20", "2026-11-24T00:00:40",
                         "2026-11-24T00:01:00"],
             "imbalance": [1.5, 1.4, 1.04, None], "versions": [0, 0, 1, 1],
@@ -146,7 +146,7 @@ def test_the_realised_imbalance_chart_plots_each_window_against_one_plus_theta()
                         "window": "2026-11-24T00:00:40+00:00", "theta": 0.05, "limit": 1.07},
                        {"plan_id": "elsewhere", "status": "diverged", "realised": 1.3,
                         "window": "2026-11-23T00:00:00+00:00", "theta": 0.1, "limit": 1.12}]}
-    svg = str(CHARTS.imbalance(pages.imbalance_chart(data)))
+    svg = str(CHARTS.ratios(pages.ratio_chart(data)))
     assert svg.count('class="over"') == 2 and svg.count('class="within"') == 1  # None: no point
     assert ">v1</text>" in svg and 'id="bound"' in svg
     # the bound steps from 1.1 to 1.05 where version 1 (theta 0.05) went live
@@ -160,7 +160,7 @@ def test_the_realised_imbalance_chart_plots_each_window_against_one_plus_theta()
     assert "diverged: realised" not in svg
     assert "1 of 3 window(s) within 1 + theta" in svg
     empty = {**data, "windows": [], "imbalance": [], "versions": [], "theta": [], "checks": []}
-    assert str(CHARTS.imbalance(pages.imbalance_chart(empty))).strip().startswith(
+    assert str(CHARTS.ratios(pages.ratio_chart(empty))).strip().startswith(
         '<p id="imbalance-chart">')
 
 
@@ -210,3 +210,75 @@ def test_the_moved_keys_section_lists_each_key_or_says_none_and_caps_a_long_list
     assert f"<h2>Moved keys ({cap + 7})</h2>" in page and many.count("<tr>") == cap + 1
     assert f"k&lt;{cap - 1}&gt;" in many and f"k&lt;{cap}&gt;" not in many
     assert f"all {cap + 7} are in the" in many and 'href="/rebalance/api/plans/p%201"' in many
+
+
+# ------------------------------------------------------------ axes a person can read
+def _texts(svg: str, css: str) -> list[str]:
+    return re.findall(rf'<text class="{css}"[^>]*>([^<]*)</text>', svg)
+
+
+def test_both_charts_have_time_ticks_units_and_the_same_time_range():
+    twenty = [f"2026-12-06T10:{m:02d}:{s:02d}+00:00" for m in range(40, 60) for s in (0, 20, 40)]
+    data = {"windows": twenty, "instances": [0, 1], "loads": [[100.0 + i, 50.0] for i in range(60)],
+            "imbalance": [1.3] * 60, "versions": [1] * 60}
+    ratios = {"windows": twenty[30:], "imbalance": [1.2] * 30, "versions": [1] * 30,
+              "theta": [0.1] * 30, "default_theta": 0.1, "checks": []}
+    page = pages.render_index(data, ratios, [], [], HEALTH)
+    loads_svg = page.split('<svg id="loads-chart"')[1].split("</svg>")[0]
+    ratio_svg = page.split('<svg id="imbalance-chart"')[1].split("</svg>")[0]
+    for svg in (loads_svg, ratio_svg):       # several round HH:MM ticks, the date once
+        assert _texts(svg, "xtick") == ["10:40", "10:45", "10:50", "10:55"]
+        assert _texts(svg, "xtitle") == ["window start, UTC, 2026-12-06"]
+        assert len(_texts(svg, "ytick")) >= 3
+    assert _texts(loads_svg, "ytitle") == ["load per 20-s window"]
+    assert _texts(ratio_svg, "ytitle") == ["imbalance (max / mean load)"]
+    assert _texts(ratio_svg, "ytick")[0] == "1.00"
+    # the ratio chart has the later half of the windows only: it starts mid-axis, at the
+    # x where the loads chart has the same window
+    ticks = re.findall(r'<text class="xtick" x="([0-9.]+)"', loads_svg)
+    assert ticks == re.findall(r'<text class="xtick" x="([0-9.]+)"', ratio_svg)
+    first_ratio_x = float(ratio_svg.split('<circle class="over" cx="')[1].split('"')[0])
+    loads_points = loads_svg.split('points="')[1].split('"')[0].split()
+    assert first_ratio_x == float(loads_points[30].split(",")[0])
+
+
+def test_the_time_axis_names_a_new_day_and_uses_seconds_below_a_minute():
+    start = pages._when("2026-12-06T23:50:00")
+    axis = pages.time_axis((start, pages._when("2026-12-07T00:20:00+00:00")), 0, 600)
+    labels = [t["label"] for t in axis["ticks"]]
+    assert labels == ["23:50", "23:55", "12-07 00:00", "00:05", "00:10", "00:15", "00:20"]
+    assert axis["title"] == "window start, UTC, 2026-12-06 to 2026-12-07"
+    short = pages.time_axis((start, pages._when("2026-12-06T23:51:00")), 0, 600)
+    assert [t["label"] for t in short["ticks"]][:2] == ["23:50:00", "23:50:10"]
+    one = pages.time_axis((start, start), 0, 600)       # one window: in the middle
+    assert one["x"](start) == 300 and [t["label"] for t in one["ticks"]] == ["23:50"]
+
+
+def test_every_column_of_every_table_has_a_header():
+    for page in (pages.render_index(loads, realised, history, versions, HEALTH),
+                 pages.render_plan(plan)):
+        for table in re.findall(r"<table[^>]*>(.*?)</table>", page, re.S):
+            rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)
+            header = re.findall(r"<th>(.*?)</th>", rows[0], re.S)
+            if "class='kv'" in table or not header:      # the key/value table: th per row
+                continue
+            assert all(h.strip() for h in header), header
+            for r in rows[1:]:
+                assert r.count("<td") == len(header), (header, r[:200])
+
+
+def test_tables_scroll_in_their_own_box_and_commits_are_one_line_each():
+    page = pages.render_index(loads, realised, history, versions, HEALTH)
+    assert '<div class="scroll"><table id="plans">' in page
+    assert '<div class="scroll"><table id="versions">' in page
+    meta = {"action": "apply", "plan_id": "abc", "status": "applied", "method": "mixed",
+            "apply_mode": "broadcast", "run_id": "scheduled__x", "dag_id": "rebalance",
+            "base_assignment_version": 2, "assignment_version": 3,
+            "metrics": {"imbalance_before": 1.6, "imbalance_after": 1.05, "moved_keys": 12}}
+    assert pages.commit_summary(meta) == ("applied · mixed · broadcast · v2 → v3 · imbalance "
+                                          "1.600 → 1.050 · 12 keys moved · run scheduled__x")
+    p = pages.render_plan({**plan, "commits": [{**plan["commits"][0], "userMetadata": meta}]})
+    commits = p.split('<table id="commits">')[1].split("</table>")[0]
+    summary = commits.split("<summary>")[1].split("</summary>")[0]
+    assert summary == pages.commit_summary(meta) and "{" not in summary
+    assert '<details class="meta">' in commits and "&#34;moved_keys&#34;: 12" in commits
