@@ -49,10 +49,11 @@ def run_plain(spark, root: Path, phases, *, make, in_schema, out_schema, key, ti
 
 
 def run_both(spark, root: Path, phases, *, make, in_schema, out_schema, key, time_mode,
-             event_time, watermark, job, window_seconds):
+             event_time, watermark, job, window_seconds, then_instances: int | None = None):
     """The processor on the same phases under plain Spark and under rebalanced() (in this
-    process) with a move of the three busiest keys between the phases; both outputs and
-    what the move did."""
+    process) with a move of the three busiest keys between the first two phases and, with
+    ``then_instances``, a change of N to it (every key on its default instance) before the
+    third; both outputs and what the moves did."""
     from rebalance.spark import tables
     from rebalance.streaming.rebalanced import rebalanced, switches
 
@@ -77,11 +78,21 @@ def run_both(spark, root: Path, phases, *, make, in_schema, out_schema, key, tim
         write(spark, reb_in, frame, in_schema)
     query.resume()
     query.process_all_available()
+    resized = None
+    if then_instances is not None:
+        tables.resize_assignments(spark, then_instances, tables_root)
+        resized = tables.publish_assignment(spark, {}, then_instances, root=tables_root)
+        assert query.switch() == resized and query.instances == then_instances
+        for phase in phases[2:]:
+            for frame in phase:
+                write(spark, reb_in, frame, in_schema)
+            query.resume()
+            query.process_all_available()
     query.stop()
     return dict(plain=plain, rebalanced=rows_of(spark, reb_out, out_schema), version=version,
-                switched_to=switched_to, moves=moves,
+                switched_to=switched_to, moves=moves, resized=resized,
                 switches=switches(spark, str(root / "reb_chk")),
                 control=spark.read.format("delta").load(
                     str(root / "reb_chk" / "_rebalance" / "control")).toPandas(),
                 hist=tables.read(spark, tables.KEY_HISTOGRAMS, tables_root).toPandas(),
-                inputs=pd.concat(phases[0] + phases[1]))
+                inputs=pd.concat([frame for phase in phases for frame in phase]))

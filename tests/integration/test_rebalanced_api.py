@@ -26,6 +26,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from api_helpers import T0_MS, N, rows_of, run_both, run_plain, stream_of, write
+from pyspark.sql.streaming.query import StreamingCheckpointManager
+
+from rebalance.streaming.restart.checkpoint import log_ids
 
 pytestmark = pytest.mark.slow
 
@@ -222,7 +225,7 @@ def test_histograms_count_every_click_on_its_instance(scenario):
     assert closed.sum() > 0.5 * len(scenario["inputs"])
 
 
-def _readings(n_devices: int = 20, n_phases: int = 2, batches: int = 3, seed: int = 5):
+def _readings(n_devices: int = 20, n_phases: int = 3, batches: int = 3, seed: int = 5):
     """Per phase, per batch, readings of Zipf-skewed devices; about one in six is a retry
     of an earlier reading of its device (same id and value), in this batch or an earlier
     one (of either phase)."""
@@ -258,7 +261,7 @@ def devices_scenario(spark, tmp_path_factory):
                      make=devices.DedupAverage, in_schema=devices.READINGS_SCHEMA,
                      out_schema=devices.AVERAGE_SCHEMA, key="device_id",
                      time_mode="ProcessingTime", event_time="reading_time", watermark=None,
-                     job="devices", window_seconds=5)
+                     job="devices", window_seconds=5, then_instances=2)
 
 
 def test_device_averages_equal_plain_spark(devices_scenario):
@@ -270,11 +273,38 @@ def test_device_averages_equal_plain_spark(devices_scenario):
 
 
 def test_moved_devices_state_moved_once(devices_scenario):
-    moved = devices_scenario["control"][devices_scenario["control"]["kind"] == "in"]
+    control = devices_scenario["control"]
+    moved = control[(control["kind"] == "in") & (control["version"] == devices_scenario["version"])]
     from rebalance.streaming.rebalanced import payload_of
 
     keys = sorted(payload_of(r)["key"] for r in moved.itertuples())
     assert keys == sorted(devices_scenario["moves"])
+
+
+def test_a_scale_in_keeps_the_ids_seen_under_their_ttl(devices_scenario):
+    """The change of N to 2 before the third phase: the devices whose instance label
+    changes are handed over with their MapState (TTL) and ListState, Spark repartitions
+    the rest; retries in the third phase of readings sent before it are still dropped
+    (the equality with plain Spark above fails otherwise)."""
+    from rebalance.core.placement import default_instances
+    from rebalance.streaming.rebalanced import payload_of
+    from rebalance.streaming.routing import instance_labels
+
+    control, resized = devices_scenario["control"], devices_scenario["resized"]
+    moved = [payload_of(r)["key"] for r in control.itertuples()
+             if r.kind == "in" and r.version == resized]
+    inputs = devices_scenario["inputs"].reset_index(drop=True)
+    first_two, third = inputs.iloc[:len(inputs) - 3 * 50], inputs.iloc[len(inputs) - 3 * 50:]
+    before = {k: devices_scenario["moves"].get(k, int(default_instances([k], N)[0]))
+              for k in set(first_two["device_id"])}          # the devices with state
+    changes = sorted(k for k, i in before.items()
+                     if instance_labels(N)[i] != instance_labels(2)[int(default_instances([k], 2)[0])])
+    assert changes and sorted(moved) == changes
+    earlier = set(zip(first_two["device_id"], first_two["reading_id"]))
+    retried = {(d, r) for d, r in zip(third["device_id"], third["reading_id"]) if (d, r) in earlier}
+    assert {d for d, _ in retried} & set(changes), "no retry of a handed-over device to drop"
+    hist = devices_scenario["hist"]
+    assert set(hist.loc[hist["assignment_version"] == resized, "instance"]) <= {0, 1}
 
 
 def test_refusals_name_the_part(spark):
@@ -411,12 +441,24 @@ def test_a_merge_that_does_not_fit_is_refused_at_start(spark):
             rebalanced(df, merge=merge, **ok)
 
 
+_spark_repartition = StreamingCheckpointManager.repartition
+
+
+def _dies_before_its_commit(self, checkpoint: str, n_instances: int, *args, **kwargs):
+    """Spark's state repartition, then its batch's commit removed and the driver gone."""
+    _spark_repartition(self, checkpoint, n_instances, *args, **kwargs)
+    last = max(log_ids(Path(checkpoint) / "commits"))
+    for name in (str(last), f".{last}.crc"):
+        (Path(checkpoint) / "commits" / name).unlink(missing_ok=True)
+    raise RuntimeError("driver died during the repartition")
+
+
 @pytest.fixture(scope="module")
 def resize_scenario(spark, tmp_path_factory):
     """Sessions under plain Spark and under rebalanced() started at N = 3, scaled out to
     4 instances after the first phase of clicks (the busiest user routed to the new
-    instance) and in to 2 after the second, whose driver dies between the export batch and
-    the repartition: each change of N moves the users whose instance label changes with
+    instance) and in to 2 after the second, whose driver dies during Spark's repartition
+    of the state: each change of N moves the users whose instance label changes with
     their open sessions and timers, and Spark repartitions the rest of the state."""
     from rebalance.spark import tables
     from rebalance.streaming.rebalanced import rebalanced
@@ -443,14 +485,16 @@ def resize_scenario(spark, tmp_path_factory):
         tables.resize_assignments(spark, n, tables_root)
         published.append(tables.publish_assignment(spark, routing, n, root=tables_root))
         if n == 2:
-            # the driver dies after the export batch committed, before the repartition:
-            # a new query on the checkpoint finishes the change of N when it starts
-            def crash(n_instances):
-                raise RuntimeError("driver died before the repartition")
-            query._repartition = crash
-            with pytest.raises(RuntimeError, match="before the repartition"):
-                query.switch()
+            # the driver dies during Spark's repartition, after it wrote the new partitions'
+            # state and its batch's offsets, before the batch's commit (what a kill -9 at
+            # that point leaves): a new query on the checkpoint finishes the change of N
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(StreamingCheckpointManager, "repartition", _dies_before_its_commit)
+                with pytest.raises(RuntimeError, match="during the repartition"):
+                    query.switch()
             assert checkpoint_partitions(checkpoint) == 4
+            assert max(log_ids(Path(checkpoint) / "offsets")) > max(log_ids(
+                Path(checkpoint) / "commits")), "the repartition's batch is not left unfinished"
             query = stream.start(output=reb_out, checkpoint=checkpoint, trigger_seconds=1)
         else:
             assert query.switch() == published[-1]

@@ -413,11 +413,12 @@ class RebalancedQuery:
                      splits=stream.merge is not None)
 
     def _repartition(self, n_instances: int) -> None:
-        """Bring the stopped query's state to ``n_instances`` partitions when its
-        checkpoint has another count (a move to a version for another N whose export batch
-        committed): the batch Spark planned after the export (refused by the sink before it
-        wrote anything) is forgotten, then Spark rewrites the state offline, each instance
-        label's state to the partition the label has under the new count."""
+        """Bring the stopped query's state to ``n_instances`` partitions when its newest
+        committed batch has another count (a move to a version for another N whose export
+        batch committed): the batches planned after it are forgotten (the batch after the
+        export, refused by the sink before it wrote anything, or the batch of a repartition
+        whose driver died before committing it), then Spark rewrites the state offline,
+        each instance label's state to the partition the label has under the new count."""
         held = checkpoint_partitions(self.checkpoint)
         if held is None or held == n_instances:
             return
