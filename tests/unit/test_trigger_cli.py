@@ -127,3 +127,18 @@ def test_skip_reasons_come_from_the_logs_of_skipped_tasks_that_ran():
     client = Logs.__new__(Logs)  # no login: nothing here reaches an api-server
     assert client.skip_reasons("rebalance", "r1", tis) == {"detect": "detect had nothing to do"}
     assert client.asked == [("detect", 2), ("gone", 1)]
+
+
+def test_the_plan_line_says_in_words_what_a_plan_does_not_have():
+    from rebalance.cli.trigger import plan_line
+
+    what_if = {"plan_id": "p1", "status": "what-if", "imbalance_before": 1.5,
+               "predicted_imbalance": 1.04, "realised_imbalance": None, "moved_keys": 3,
+               "assignment_version": None}
+    line = plan_line(what_if)
+    assert line == ("plan p1: what-if, imbalance 1.500 -> 1.040 predicted, - realised; "
+                    "moves 3 keys; no assignment version (not applied)")
+    applied = plan_line({**what_if, "status": "verified", "realised_imbalance": 1.06,
+                         "assignment_version": 4})
+    assert applied.endswith("1.060 realised; moves 3 keys; assignment version 4")
+    assert "None" not in plan_line({"plan_id": "p2", "status": "rejected"})

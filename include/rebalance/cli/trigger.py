@@ -164,13 +164,21 @@ def _run(args: argparse.Namespace) -> int:
         print("no plan stored by this run" + ("" if skipped else
                                                " (the skipped task's log says why)"))
     for plan in plans:
-        print(f"plan {plan['plan_id']}: {plan['status']}, imbalance "
-              f"{_fmt(plan.get('imbalance_before'))} -> {_fmt(plan.get('predicted_imbalance'))}"
-              f" predicted, {_fmt(plan.get('realised_imbalance'))} realised; moves "
-              f"{plan.get('moved_keys')} keys; assignment version "
-              f"{plan.get('assignment_version')}")
+        print(plan_line(plan))
     print(f"run {run_id}: {run['state']}")
     return 0 if run["state"] == "success" else 1
+
+
+def plan_line(plan: dict[str, Any]) -> str:
+    """The plan a run stored, in one line (a row of ``/rebalance/api/plans``); a value the
+    plan does not have (not realised yet, not published) is said in words."""
+    moved, version = plan.get("moved_keys"), plan.get("assignment_version")
+    where = (f"assignment version {version}" if version is not None
+             else "no assignment version (not applied)")
+    return (f"plan {plan['plan_id']}: {plan['status']}, imbalance "
+            f"{_fmt(plan.get('imbalance_before'))} -> {_fmt(plan.get('predicted_imbalance'))}"
+            f" predicted, {_fmt(plan.get('realised_imbalance'))} realised; moves "
+            f"{'-' if moved is None else moved} keys; {where}")
 
 
 def _fmt(value: Any) -> str:
