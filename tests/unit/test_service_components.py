@@ -203,3 +203,47 @@ def test_keepalive_starts_a_daemon_again_after_it_exits_and_stops_on_sigterm(tmp
     assert len(starts.read_text()) == 3
     assert out.count("keepalive: d exited with code 3") == 2, out
     assert "starting it again in 1 s (restart 1)" in out and "in 2 s (restart 2)" in out, out
+
+
+DRIVER_WORKER = "pyspark.sql.streaming.transform_with_state_driver_worker"
+
+
+def test_the_jobs_python_processes_start_with_the_quiet_worker_hook(tmp_path):
+    from rebalance.ops.service import WORKER_SITE
+
+    s = _settings(tmp_path)
+    job = next(c for c in components(s) if c.name == "job")
+    assert job.env["PYTHONPATH"].split(":")[0] == str(WORKER_SITE)
+    assert job.env["REBALANCE_PYTHON_WORKER_LOG"] == str(s.logs / "job-python-worker.log")
+    others = [c for c in components(s) if c.name != "job"]
+    assert not any("REBALANCE_PYTHON_WORKER_LOG" in c.env for c in others)
+
+
+def test_the_hook_sends_only_the_driver_workers_stdout_to_its_log(tmp_path):
+    """A stand-in for PySpark's driver worker (a module of that name, found first on the
+    path) prints as the real one does, then fails: its prints land in the log, its stderr
+    and exit status are untouched; any other module prints as usual."""
+    import os
+    import subprocess
+    import sys
+
+    from rebalance.ops.service import quiet_python_workers
+
+    fake = tmp_path / "fake" / "pyspark" / "sql" / "streaming"
+    fake.mkdir(parents=True)
+    for folder in (fake, fake.parent, fake.parent.parent):
+        (folder / "__init__.py").write_text("")
+    (fake / "transform_with_state_driver_worker.py").write_text(
+        "import sys\nprint('Starting Streaming TransformWithStateInPandas Python worker.')\n"
+        "print('a processor error', file=sys.stderr)\nraise SystemExit(3)\n")
+    (fake / "other.py").write_text("print('an executor line')\n")
+    log = tmp_path / "worker.log"
+    env = quiet_python_workers({**os.environ, "PYTHONPATH": str(tmp_path / "fake")}, log)
+    done = subprocess.run([sys.executable, "-m", DRIVER_WORKER], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (3, "")
+    assert "a processor error" in done.stderr
+    assert log.read_text() == "Starting Streaming TransformWithStateInPandas Python worker.\n"
+    other = subprocess.run([sys.executable, "-m", "pyspark.sql.streaming.other"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert other.stdout == "an executor line\n"

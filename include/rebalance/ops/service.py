@@ -267,6 +267,20 @@ def components(s: Settings) -> list[Component]:
     ]
 
 
+#: A ``sitecustomize`` for the job's Python processes (``worker_site/sitecustomize.py``).
+WORKER_SITE = Path(__file__).with_name("worker_site")
+
+
+def quiet_python_workers(env: dict[str, str], log: Path) -> dict[str, str]:
+    """``env`` for a process whose Spark runs ``transformWithStateInPandas``: PySpark's
+    driver worker prints its start and its UDF's whole return type at every query start,
+    which the JVM copies to its stderr; with this environment that worker's stdout goes to
+    ``log`` instead (its stderr and its errors are kept: ``worker_site/sitecustomize.py``)."""
+    paths = [str(WORKER_SITE), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return {**env, "PYTHONPATH": os.pathsep.join(paths),
+            "REBALANCE_PYTHON_WORKER_LOG": str(log)}
+
+
 def job_component(s: Settings, env: dict[str, str], sink: list[str]) -> Component:
     """The streaming job: the built-in restartable job, or an example; both on the
     service's instances, windows, watermark and micro-batch interval."""
@@ -282,8 +296,9 @@ def job_component(s: Settings, env: dict[str, str], sink: list[str]) -> Componen
         argv = [str(REPO_ROOT / "spark_apps" / "restartable_job.py"), *common, "--windows", "3",
                 "--poll-seconds", f"{s.restart_poll_seconds:g}",
                 *(["--source", "kafka", *sink] if kafka else [])]
-    return Component("job", [sys.executable, *argv], env, ready_line="running",
-                     stop_signal=signal.SIGINT)
+    return Component("job", [sys.executable, *argv],
+                     quiet_python_workers(env, s.logs / "job-python-worker.log"),
+                     ready_line="running", stop_signal=signal.SIGINT)
 
 def _connect_server(s: Settings, env: dict[str, str]) -> Component:
     from rebalance.spark import session
