@@ -53,45 +53,50 @@ def test_plan_id_is_a_hash_of_run_params_and_snapshot():
     assert re.fullmatch(r"[0-9a-f]{20}", pid), pid
 
 
-def test_the_former_trigger_rule_name_seed004_is_read_as_mldc():
-    """Stored run confs and plan records may carry the trigger rule's former name: every
-    way params are read maps it to the current one, and a run's plan id does not change
-    with the spelling (nor from what it was before the rename)."""
-    from rebalance.control.params import RunInfo, RunParams, plan_id_for, unpack
-    from rebalance.core.records import hash_id
-    from rebalance.core.trigger import TRIGGER_RULES, trigger_rule_name
+def test_a_trigger_rule_s_former_name_is_refused_and_a_stored_plan_still_reads():
+    """The trigger rules are theta and mldc; the former name seed004 (docs/dag.md, "Former
+    names") is refused with the names that are accepted, while a plan record stored with
+    it still gives the gate its limits (the gate does not judge the rule)."""
+    from rebalance.control.errors import InvalidParams
+    from rebalance.control.params import RunInfo, RunParams, plan_id_for
+    from rebalance.control.tasks import plan_limits
+    from rebalance.core.records import PlanRecord, PlanStatus, hash_id
+    from rebalance.core.trigger import TRIGGER_RULES
 
     assert TRIGGER_RULES == ("theta", "mldc")
-    assert trigger_rule_name("seed004") == "mldc" and trigger_rule_name("theta") == "theta"
-    assert RunParams.parse({"trigger_rule": "seed004"}).trigger_rule == "mldc"
-    assert RunParams(trigger_rule="seed004") == RunParams(trigger_rule="mldc")
+    with pytest.raises(InvalidParams, match="trigger_rule 'seed004' is not one of theta, mldc"):
+        RunParams.parse({"trigger_rule": "seed004"})
+    stored = PlanRecord(plan_id="p", status=PlanStatus.PROPOSED.value, method="mixed",
+                        dag_id="rebalance", run_id="r", run_type="manual",
+                        params={**RunParams(theta=0.2).to_dict(), "trigger_rule": "seed004"},
+                        inputs={"n_instances": 4, "n_keys": 10, "total_state": 100.0})
+    limits = plan_limits(stored)
+    assert (limits.theta, limits.n_instances, limits.expected_keys) == (0.2, 4, 10)
+    # a run's plan id hashes its params as they are, the rule by its name
     run = RunInfo("rebalance", "manual__x", "manual", "2026-01-01T00:00:00+00:00",
                   "2026-01-01T00:10:00+00:00")
-    stored = {"run": run.to_dict(), "params": {**RunParams().to_dict(), "trigger_rule": "seed004"}}
-    assert unpack(stored)[1].trigger_rule == "mldc"
     inputs = {"windows": ["a"], "key_histograms_version": 3, "base_assignment_version": 0,
               "n_instances": 4}
-    pid = plan_id_for(run, RunParams(trigger_rule="mldc"), inputs)
-    assert pid == plan_id_for(run, RunParams.parse(stored["params"]), inputs)
-    assert pid == hash_id({"dag_id": run.dag_id, "run_id": run.run_id,
-                           "data_interval": [run.data_interval_start, run.data_interval_end],
-                           "params": stored["params"], "inputs": inputs})
-    assert pid != plan_id_for(run, RunParams(), inputs)
+    p = RunParams(trigger_rule="mldc")
+    assert plan_id_for(run, p, inputs) == hash_id({
+        "dag_id": run.dag_id, "run_id": run.run_id,
+        "data_interval": [run.data_interval_start, run.data_interval_end],
+        "params": p.to_dict(), "inputs": inputs})
+    assert plan_id_for(run, p, inputs) != plan_id_for(run, RunParams(), inputs)
 
 
-def test_the_params_form_offers_the_current_trigger_rules_and_accepts_the_former_name():
+def test_the_params_form_offers_the_trigger_rules_and_refuses_anything_else():
     from airflow.sdk import Param
     from airflow.sdk.exceptions import ParamValidationError
 
     from rebalance.control.params import PARAMS_SCHEMA
 
     spec = PARAMS_SCHEMA["trigger_rule"]
-    # what the form shows: suggestions, no dropdown of every accepted value
-    assert spec["examples"] == ["theta", "mldc"] and "enum" not in spec
+    assert spec["enum"] == ["theta", "mldc"]        # a dropdown of the rules
     param = Param(**spec)
-    for value in ("theta", "mldc", "seed004"):  # a stored conf with the former name
+    for value in ("theta", "mldc"):
         assert param.resolve(value) == value
-    for bad in ("always", "", 4, None):
+    for bad in ("always", "", 4, None, "seed004"):
         with pytest.raises(ParamValidationError):
             param.resolve(bad)
 

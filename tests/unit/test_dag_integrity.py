@@ -35,16 +35,19 @@ def test_every_dag_parses_with_tags_retries_and_docs(dags):
 
 
 def test_the_rebalance_params_form(dags):
+    from airflow.sdk.exceptions import ParamValidationError
+
     params = dags["rebalance"].params
     assert params["method"] == "mixed" and params["apply_mode"] == "auto"
     schema = params.get_param("method").schema
     assert "milp" in schema["enum"] and "mixed" in schema["enum"]
     assert params.get_param("theta").schema["type"] == "number"
     assert params.get_param("require_approval").schema["type"] == "boolean"
-    # the trigger rules on offer are the current names; a stored conf's former name validates
+    # the trigger rules on offer, and nothing else (a former name is refused)
     rule = params.get_param("trigger_rule")
-    assert rule.schema["examples"] == ["theta", "mldc"] and "enum" not in rule.schema
-    assert copy.deepcopy(rule).resolve("seed004") == "seed004"  # (resolve keeps the value)
+    assert rule.schema["enum"] == ["theta", "mldc"]
+    with pytest.raises(ParamValidationError):
+        copy.deepcopy(rule).resolve("seed004")
     from rebalance.control.params import PARAMS_SCHEMA
 
     # Every run param of the library is on the form, with its default, and nothing else.

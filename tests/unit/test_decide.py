@@ -85,10 +85,9 @@ def test_detect_theta_judges_the_live_assignment_and_follows_theta():
     assert not decision.trigger and "exceed 1 + theta = 3.000" in decision.reasons[0]
 
 
-@pytest.mark.parametrize("rule", ["mldc", "seed004"])  # seed004: the former name
-def test_detect_mldc_keeps_its_own_rules(rule):
+def test_detect_mldc_keeps_its_own_rules():
     h, live = history(stable_skew())
-    p = params(trigger_rule=rule)
+    p = params(trigger_rule="mldc")
     decision, facts = decide.detect(h, live, p, events=99_999, periods_since_last=1)
     assert facts["rule"] == "mldc" and facts["imbalance"] > 1.5
     assert decision.reasons == ["last rebalance 1 period(s) ago, cooldown is 3 period(s)"]

@@ -226,26 +226,24 @@ def test_bench_scale_refuses_bad_keys(capsys):
     assert "--keys" in capsys.readouterr().err
 
 
-def test_the_experiments_former_names_still_work(tmp_path, capsys):
-    """seed003-sweeps, seed002-budgets, seed001-elb-clb and seed001-baselines are read as
-    zipf-sweeps, migration-budgets, elb-clb and hash-routings: by the harness, the plots
-    and ``rebalance bench`` (which says the current name), whose help lists only those."""
+def test_bench_takes_the_experiments_by_name_and_refuses_a_former_name(tmp_path, capsys):
+    """``rebalance bench`` lists the harness's experiments (and scale); a former name
+    (seed001-elb-clb, now elb-clb: docs/evaluation.md) is refused with the names there are."""
     from rebalance.cli import evaluate as cli_bench
     from rebalance.evaluation import experiments as ex
 
     assert cli_bench.EXPERIMENTS == (*ex.EXPERIMENTS, "scale")
-    assert cli_bench.EXPERIMENT_ALIASES == ex.EXPERIMENT_ALIASES
-    settings = Settings(intervals=2)
-    for former, current in ex.EXPERIMENT_ALIASES.items():
-        assert ex.experiment_name(former) == current and current in ex.EXPERIMENTS
-        assert [p.labels for p in build(former, settings)] == \
-            [p.labels for p in build(current, settings)]
-    code = main(["bench", "--experiment", "seed001-elb-clb", "--intervals", "2",
+    assert main(["bench", "--experiment", "seed001-elb-clb", "--intervals", "2",
+                 "--out", str(tmp_path / "old")]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'seed001-elb-clb'" in err and "elb-clb" in err
+    assert not (tmp_path / "old").exists()
+    with pytest.raises(PlanningError, match="unknown experiment 'seed001-elb-clb'"):
+        build("seed001-elb-clb", Settings(intervals=2))
+    code = main(["bench", "--experiment", "elb-clb", "--intervals", "2",
                  "--planners", "hash", "--out", str(tmp_path), "--no-progress"])
     assert code == 0
-    cap = capsys.readouterr()
-    assert cap.err.strip() == ("rebalance bench: --experiment seed001-elb-clb is now named "
-                               "elb-clb (the former name still works)")
+    capsys.readouterr()
     assert set(pd.read_csv(tmp_path / "results.csv")["experiment"]) == {"elb-clb"}
     assert {p.name for p in tmp_path.glob("*.png")} == {"elb_clb_variance.png",
                                                          "elb_clb_movement.png"}

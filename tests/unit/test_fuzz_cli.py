@@ -450,7 +450,7 @@ def test_trigger_fuzz(root, capsys, data):
 def bench_cases(draw, root: Path):
     ex = Example(root)
     experiment = draw(st.sampled_from(["quick", "zipf-sweeps", "migration-budgets",
-                                       "elb-clb", "seed003-sweeps", "replay", "scale"]))
+                                       "elb-clb", "replay", "scale"]))
     names = ["seed", "intervals", "runs", "theta", "time_limit", "planners", "out",
              "experiment"]
     if experiment == "scale":

@@ -28,9 +28,6 @@ mixed, greedy, auto), flux, and the hash routings uhlb (one hash), pkg, dchoices
 wchoices (these three split hot keys over several instances); the routings are compared
 here only, ``rebalance plan`` cannot apply them. ``name@m`` rebalances every m intervals
 only.
-
-Former experiment names, still accepted: seed003-sweeps (zipf-sweeps), seed002-budgets
-(migration-budgets), seed001-elb-clb (elb-clb), seed001-baselines (hash-routings).
 """
 
 from __future__ import annotations
@@ -43,22 +40,11 @@ from pathlib import Path
 
 from rebalance.core.defaults import theta_problem
 
-#: The experiments (``rebalance.evaluation.experiments.EXPERIMENTS`` and ``scale``) and
-#: their former names (``EXPERIMENT_ALIASES`` there); listed here so that building the
-#: parser imports neither pandas nor the experiments (1 s of every ``rebalance`` command's
-#: start).
+#: The experiments (``rebalance.evaluation.experiments.EXPERIMENTS`` and ``scale``), listed
+#: here so that building the parser imports neither pandas nor the experiments (1 s of
+#: every ``rebalance`` command's start); a test checks the two lists agree.
 EXPERIMENTS = ("quick", "zipf-sweeps", "migration-budgets", "elb-clb", "hash-routings",
                "replay", "scale")
-EXPERIMENT_ALIASES = {"seed003-sweeps": "zipf-sweeps", "seed002-budgets": "migration-budgets",
-                      "seed001-elb-clb": "elb-clb", "seed001-baselines": "hash-routings"}
-
-
-class _Choices(tuple):
-    """``--experiment``'s choices: the current names, which help and errors list; a former
-    name is a choice too (``run_bench`` reads it as the current one)."""
-
-    def __contains__(self, name) -> bool:
-        return tuple.__contains__(self, EXPERIMENT_ALIASES.get(name, name))
 
 
 #: Refused above these: ``--keys`` of the scale experiment (10^7 keys peak at
@@ -78,7 +64,7 @@ def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser(
         "bench", help="replay workloads and compare every planner (tables and PNG plots)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experiment", default="quick", choices=_Choices(EXPERIMENTS),
+    p.add_argument("--experiment", default="quick", choices=EXPERIMENTS,
                    help="experiment to run (default quick)")
     p.add_argument("--planners", metavar="A,B,C",
                    help="comma-separated planners instead of the experiment's own")
@@ -260,13 +246,7 @@ def _fmt(value) -> str:
 
 
 def run_bench(args) -> int:
-    former = args.experiment if args.experiment in EXPERIMENT_ALIASES else None
-    if former:
-        args.experiment = EXPERIMENT_ALIASES[former]
     _check(args)
-    if former:
-        print(f"rebalance bench: --experiment {former} is now named {args.experiment} (the "
-              f"former name still works)", file=sys.stderr)
     out = Path(args.out)
     created = not out.exists()
     try:

@@ -18,7 +18,7 @@ from rebalance.core.forecast import LOAD_MODELS, LoadModel, LoadModelError
 from rebalance.core.model import PlanParams
 from rebalance.core.planners import METHODS
 from rebalance.core.records import as_utc, hash_id
-from rebalance.core.trigger import TRIGGER_RULE_ALIASES, TRIGGER_RULES, trigger_rule_name
+from rebalance.core.trigger import TRIGGER_RULES
 
 DAG_ID = "rebalance"
 #: ``apply_mode=auto``: share of the job's state a plan must move (the state a live switch
@@ -110,12 +110,8 @@ PARAMS_SCHEMA: dict[str, dict[str, Any]] = {
                        "record what was overridden.",
     },
     "trigger_rule": {
-        # The form offers the current names only (suggestions of a text field: a dropdown
-        # would be a top-level enum, which would refuse the former names); the schema
-        # still accepts the former names, so the stored confs of earlier runs validate.
-        "type": "string", "examples": list(TRIGGER_RULES),
-        "anyOf": [{"enum": list(TRIGGER_RULES)},
-                  {"enum": list(TRIGGER_RULE_ALIASES), "deprecated": True}],
+        # A rule's former name is refused (docs/dag.md, "Former names").
+        "type": "string", "enum": list(TRIGGER_RULES),
         "title": "Trigger rule",
         "description": "theta: plan when most of the latest 3 windows (2 of 3; 2 of 2; 1 of 1) "
                        "exceed 1 + theta under the live assignment. mldc (the MLDC paper's "
@@ -252,8 +248,6 @@ class RunParams:
             value = getattr(self, name)
             if isinstance(value, float) and value.is_integer():
                 object.__setattr__(self, name, int(value))
-        # A trigger rule's former name is read as its current one ("seed004" is "mldc").
-        object.__setattr__(self, "trigger_rule", trigger_rule_name(self.trigger_rule))
         # One spelling per load model ("ewm:h=3" is "ewm:halflife=3"); a bad one is left
         # as given for check() to name.
         try:
@@ -367,21 +361,14 @@ def unpack(payload: Mapping[str, Any]) -> tuple[RunInfo, RunParams]:
     return RunInfo(**payload["run"]), RunParams(**payload["params"])
 
 
-_FORMER_RULE_NAMES = {new: old for old, new in TRIGGER_RULE_ALIASES.items()}
-
-
 def plan_id_for(run: RunInfo, params: RunParams, inputs: Mapping[str, Any]) -> str:
     """Deterministic plan id: hash of the run, its interval, its params and input snapshot."""
     snapshot = {k: inputs[k] for k in ("windows", "key_histograms_version",
                                        "base_assignment_version", "n_instances")}
-    hashed = params.to_dict()
-    # A renamed trigger rule is hashed by its former name, so plan ids are what they were
-    # before the rename: a run that stored its plan then finds it again on a retry.
-    hashed["trigger_rule"] = _FORMER_RULE_NAMES.get(params.trigger_rule, params.trigger_rule)
     payload = {
         "dag_id": run.dag_id, "run_id": run.run_id,
         "data_interval": [run.data_interval_start, run.data_interval_end],
-        "params": hashed, "inputs": snapshot,
+        "params": params.to_dict(), "inputs": snapshot,
     }
     return hash_id(payload)
 

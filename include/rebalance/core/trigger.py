@@ -114,15 +114,6 @@ class TriggerPolicy:
 #: The trigger rules a run can use (run param ``trigger_rule``): ``theta``
 #: (:class:`ThetaTrigger`) and ``mldc`` (:class:`TriggerPolicy`, the MLDC paper's rules).
 TRIGGER_RULES = ("theta", "mldc")
-#: Former names of trigger rules, still accepted wherever run params are read (stored run
-#: confs and plan records may carry them) and read as the current name.
-TRIGGER_RULE_ALIASES = {"seed004": "mldc"}
-
-
-def trigger_rule_name(rule):
-    """The current name of a trigger rule given by its current or former name; anything
-    else is returned as given (for the params check to name)."""
-    return TRIGGER_RULE_ALIASES.get(rule, rule) if isinstance(rule, str) else rule
 
 
 def _finite_at_least(name: str, value, low: float) -> None:

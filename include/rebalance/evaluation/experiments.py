@@ -14,8 +14,7 @@ replayed by :func:`rebalance.evaluation.runner.replay` (one flat ``results.csv``
   N = 1..15.
 * ``replay``: a histogram table of the streaming job, every planner.
 
-The experiments' former names (``seed003-sweeps``, ``seed002-budgets``, ``seed001-elb-clb``,
-``seed001-baselines``) are still accepted (:data:`EXPERIMENT_ALIASES`).
+(The experiments' former names are no longer accepted: docs/evaluation.md lists them.)
 """
 
 from __future__ import annotations
@@ -41,14 +40,6 @@ from rebalance.evaluation.workloads import (
 #: The replay experiments (``rebalance bench`` also has ``scale``, :mod:`.scale`).
 EXPERIMENTS = ("quick", "zipf-sweeps", "migration-budgets", "elb-clb", "hash-routings",
                "replay")
-#: Former names of experiments, still accepted: each is read as the name it maps to.
-EXPERIMENT_ALIASES = {"seed003-sweeps": "zipf-sweeps", "seed002-budgets": "migration-budgets",
-                      "seed001-elb-clb": "elb-clb", "seed001-baselines": "hash-routings"}
-
-
-def experiment_name(name: str) -> str:
-    """The current name of an experiment given by its current or former name."""
-    return EXPERIMENT_ALIASES.get(name, name)
 
 
 @dataclass
@@ -260,7 +251,6 @@ def _first_intervals(trace: Trace, n: int) -> Trace:
 def build(experiment: str, settings: Settings) -> list[Point]:
     if settings.intervals is not None and settings.intervals < 2:
         raise PlanningError(f"--intervals must be >= 2, got {settings.intervals}")
-    experiment = experiment_name(experiment)
     if experiment == "quick":
         return quick(settings)
     if experiment == "zipf-sweeps":
@@ -288,7 +278,7 @@ def run(experiment: str, points: Sequence[Point],
     for i, point in enumerate(points):
         trace = point.make_trace()
         for row in replay(trace, point.planners, point.params, point.window, progress):
-            rows.append(dict(experiment=experiment_name(experiment), point=i,
+            rows.append(dict(experiment=experiment, point=i,
                              **point.labels, **row))
     return pd.DataFrame(rows)
 

@@ -191,11 +191,8 @@ def plot_generic(results: pd.DataFrame, summary: pd.DataFrame, out: Path,
 
 def plot_experiment(experiment: str, results: pd.DataFrame, summary: pd.DataFrame,
                     out: str | Path) -> list[Path]:
-    """Every PNG of ``experiment`` (its name or a former one) into ``out``; returns their
-    paths, named after the experiment (``zipf_sweeps_N.png``, ...)."""
-    from rebalance.evaluation.experiments import experiment_name
-
-    experiment = experiment_name(experiment)
+    """Every PNG of ``experiment`` into ``out``; returns their paths, named after the
+    experiment (``zipf_sweeps_N.png``, ...)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if results.empty:
