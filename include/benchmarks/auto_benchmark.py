@@ -4,9 +4,9 @@
                                                 [--time-limit S] [--json OUT]
                                                 [--compare BEFORE.json]
 
-Issue 11 (3): auto must stop as soon as more search cannot pay, with a median plan time
-<= 2 s on problems of hundreds to thousands of keys (N = 16 .. 64) and a migration
-within 2 % of what the former 10 s search reached. This script plans the same problems
+The target: auto stops as soon as more search cannot pay, with a median plan time <= 2 s
+on problems of hundreds to thousands of keys (N = 16 .. 64) and a migration within 2 % of
+what a full 10 s search reaches. This script plans the same problems
 with ``auto`` (default time limit 10 s, the ``rebalance plan`` default) and stores every
 plan's figures; ``--compare`` prints them next to a stored run (e.g. the code before the
 change) with the verdicts.
@@ -15,18 +15,19 @@ Workloads (all deterministic). Interval i is planned from the assignment that **
 planned at interval i - 1 (Mixed is deterministic and not what is measured), so two
 versions of auto see exactly the same problems whatever they plan:
 
-* ``seed003``: seed 003's defaults as in ``plan_benchmark.py`` (a): Zipf 0.85,
-  K = 10^4, N = 15, f = 1, theta = 0.08, A_max = 3000, state S(k, 10).
-* ``seed003-unbounded``: the same without A_max.
-* ``seed003-n64``: the same generator with K = 5000, N = 64, Zipf 0.5 (at 0.85 the top
-  key alone is several mean loads at N = 64), theta = 0.08, no A_max.
+* ``zipf085-k10000-n15``: the synthetic workload's defaults as in ``plan_benchmark.py``
+  (a) (:mod:`rebalance.core.synthetic`): Zipf 0.85, K = 10^4, N = 15, f = 1,
+  theta = 0.08, A_max = 3000, state S(k, 10).
+* ``zipf085-k10000-n15-unbounded``: the same without A_max.
+* ``zipf05-k5000-n64``: the same generator with K = 5000, N = 64, Zipf 0.5 (at 0.85 the
+  top key alone is several mean loads at N = 64), theta = 0.08, no A_max.
 * ``job-n32``: histograms as the streaming job writes them, built through
   :func:`rebalance.core.histograms.build_problem`: the event generator's frequencies
   (1000 keys, Zipf 1.0, fluctuation 1 per window), 6000 events per window sampled
   (about 700 keys appear per window), state = the job's estimate for a key holding its
   last 3 windows (:func:`rebalance.streaming.processor.state_bytes`), N = 32,
-  theta = 0.05 (the real trace of issue 11; the top key alone is about 4 mean loads,
-  so no plan meets theta).
+  theta = 0.05 (shaped like the job's real traces: the top key alone is about 4 mean
+  loads, so no plan meets theta).
 * ``job-n16``: the same with 3000 keys, Zipf 0.7, 20 000 events per window, N = 16,
   theta = 0.05 (reachable).
 """
@@ -40,11 +41,12 @@ import sys
 import time
 from pathlib import Path
 
-WORKLOADS = ("seed003", "seed003-unbounded", "seed003-n64", "job-n32", "job-n16")
+WORKLOADS = ("zipf085-k10000-n15", "zipf085-k10000-n15-unbounded", "zipf05-k5000-n64",
+             "job-n32", "job-n16")
 JOB_WINDOWS_HELD = 3
 
 
-def _seed003(n_keys, n_instances, zipf, theta, max_table):
+def _synthetic(n_keys, n_instances, zipf, theta, max_table):
     from rebalance.core.model import PlanParams
     from rebalance.core.synthetic import SLIDING_STATE_WINDOW, SyntheticConfig, SyntheticWorkload
 
@@ -95,12 +97,12 @@ def _job(n_keys, zipf, events, n_instances, theta):
 
 def workload(name):
     """(problem of interval i from the current instance of every key, default, params)."""
-    if name == "seed003":
-        return _seed003(10_000, 15, 0.85, 0.08, 3000)
-    if name == "seed003-unbounded":
-        return _seed003(10_000, 15, 0.85, 0.08, None)
-    if name == "seed003-n64":
-        return _seed003(5_000, 64, 0.5, 0.08, None)
+    if name == "zipf085-k10000-n15":
+        return _synthetic(10_000, 15, 0.85, 0.08, 3000)
+    if name == "zipf085-k10000-n15-unbounded":
+        return _synthetic(10_000, 15, 0.85, 0.08, None)
+    if name == "zipf05-k5000-n64":
+        return _synthetic(5_000, 64, 0.5, 0.08, None)
     if name == "job-n32":
         return _job(1000, 1.0, 6000, 32, 0.05)
     if name == "job-n16":

@@ -1,12 +1,12 @@
-"""Issue 19's benchmark: do plans hold in the windows after them? (a script, not a test)
+"""Do plans hold in the windows after them? The backtest benchmark (a script, not a test)
 
     python include/benchmarks/backtest_benchmark.py [--traces a,b] [--quick] [--json]
                                                     [--out DIR] [--docs-img DIR | --no-docs-img]
                                                     [--method M] [--calibration-share F]
-                                                    [--sensitivity | --causal-bound | --issue-check]
+                                                    [--sensitivity | --causal-bound | --first-measurement]
 
 Traces (:mod:`traces`, fetched first with ``make traces``): nyc-dest, nyc-tailnum,
-us-origin-hourly (real), synth-drift, synth-seasonal (seed 003's generator). Each is
+us-origin-hourly (real), synth-drift, synth-seasonal (the synthetic generator). Each is
 replayed by the engine of :mod:`rebalance.core.backtest` at its own N and theta (traces.py):
 at each step a policy plans on the windows before the step from the assignment it left
 the step before, and the plan is judged on the next window it has not seen.
@@ -17,7 +17,7 @@ Policies (planner ``--method``, default mixed, for every policy and baseline):
   (mean of the last 3 and 7 windows);
 * ``ewm`` (halflife 2 windows over 8), ``quantile`` (each key's 0.9 quantile over 7),
   ``max`` (over 7), ``seasonal`` (the same slot one period ago, where the trace has a
-  period), ``robust`` (seed 001: each of the last 3 windows within the bound);
+  period), ``robust`` (each of the last 3 windows within the bound);
 * ``headroom``: last-1 planned at theta_plan = theta / 4 (set by hand);
 * ``calibrated``: last-1 at the theta_plan that :func:`rebalance.core.backtest.calibrate`
   chooses (target 90 % within) on the first ``--calibration-share`` of the windows; every
@@ -37,8 +37,9 @@ a tighter mean tolerance), beside ``last-1``, judged on the same windows: how mu
 figures move with them (a synthetic trace pooled over the generator seeds of :data:`SEEDS`).
 
 Per trace: a table (share of judged windows within 1 + theta, mean and p90 realised
-imbalance, migration per step as a fraction of the state, routing-table size) and issue
-19's goal verdicts for the default (auto), and for calibrated beside it:
+imbalance, migration per step as a fraction of the state, routing-table size) and the
+verdicts on the targets a planning policy must meet, for the default (auto), and for
+calibrated beside it:
 
 * G1 share within >= 90 % of the distribution oracle's best share (over headroom), and
   >= 2x last-1's where last-1's is below 50 %;
@@ -107,7 +108,7 @@ def _row(summary: pd.DataFrame, name: str) -> dict:
 
 
 def verdicts(summary: pd.DataFrame, theta: float, policy: str = DEFAULT) -> list[dict]:
-    """Issue 19's goals for ``policy`` (module docstring) as rows: goal, ok, figures."""
+    """The targets G1-G4 (module docstring) for ``policy`` as rows: goal, ok, figures."""
     me, today, stay = _row(summary, policy), _row(summary, TODAY), _row(summary, "stay")
     grid = summary[summary["policy"].str.startswith("distribution-oracle@")]
     if not me or not today or not stay or grid.empty:
@@ -208,18 +209,18 @@ def run_trace(name: str, quick: bool, method: str, calibration_share: float, dir
                              backtest=round(run_s, 1)))
 
 
-#: Issue 19's figures on its first trace (N = 16, theta = 0.08, the CLI's default planner
-#: auto): share within and mean realised imbalance of plans on the last 1, 3, 7 windows,
-#: and the mean imbalance of no plans.
-ISSUE_FIGURES = {"last-1": (0.17, 1.143), "last-3": (0.20, None), "last-7": (0.00, 1.158),
+#: The figures first measured on nyc-dest, before plans were backtested (N = 16,
+#: theta = 0.08, the CLI's default planner auto): share within and mean realised imbalance
+#: of plans on the last 1, 3, 7 windows, and the mean imbalance of no plans.
+FIRST_FIGURES = {"last-1": (0.17, 1.143), "last-3": (0.20, None), "last-7": (0.00, 1.158),
                  "none": (None, 2.64)}
-ISSUE_JUDGED = 30
+FIRST_JUDGED = 30
 
 
-def issue_check(directory: Path, method: str = "auto") -> list[dict]:
-    """Issue 19's measurement again on nyc-dest: plans on the last W = 1, 3, 7 windows,
+def first_measurement(directory: Path, method: str = "auto") -> list[dict]:
+    """The first measurement again on nyc-dest: plans on the last W = 1, 3, 7 windows,
     chained from the default placement, each judged on the next window, over the first
-    ``ISSUE_JUDGED`` judged windows of 2013 (windows W .. W + 29), planner ``method``."""
+    ``FIRST_JUDGED`` judged windows of 2013 (windows W .. W + 29), planner ``method``."""
     from rebalance.core.backtest import Policy, WindowHistory, backtest
 
     trace = trace_lib.TRACES["nyc-dest"]
@@ -228,15 +229,15 @@ def issue_check(directory: Path, method: str = "auto") -> list[dict]:
     rows = []
     for w in (1, 3, 7):
         pol = Policy.of(f"mean:windows={w}", method=method, name=f"last-{w}")
-        res = backtest(history.slice(0, w + ISSUE_JUDGED), [pol], trace.theta, start=w,
+        res = backtest(history.slice(0, w + FIRST_JUDGED), [pol], trace.theta, start=w,
                        baselines=("none",), baseline_method=method)
         for name in (pol.name, "none"):
             r = _row(res.summary, name)
-            rows.append(dict(policy=name, judged=f"windows {w}..{w + ISSUE_JUDGED - 1}",
+            rows.append(dict(policy=name, judged=f"windows {w}..{w + FIRST_JUDGED - 1}",
                              share_within=float(r["share_within"]),
                              mean_imbalance=float(r["mean_imbalance"]),
                              p90_imbalance=float(r["p90_imbalance"]),
-                             issue=ISSUE_FIGURES.get(name)))
+                             first=FIRST_FIGURES.get(name)))
     return rows
 
 
@@ -478,27 +479,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sensitivity", action="store_true",
                    help="only auto under other selection settings (headroom grid, share slack, "
                         "lookback, mean tolerance), beside last-1, on the traces given")
-    p.add_argument("--issue-check", action="store_true",
-                   help="only reproduce issue 19's measured figures on nyc-dest (planner auto)")
+    p.add_argument("--first-measurement", action="store_true",
+                   help="only reproduce the figures first measured on nyc-dest, before plans "
+                        "were backtested (planner auto)")
     args = p.parse_args(argv)
-    if args.issue_check:
+    if args.first_measurement:
         try:
-            rows = issue_check(args.dir)
+            rows = first_measurement(args.dir)
         except trace_lib.TraceError as exc:
             print(f"backtest_benchmark: {exc}", file=sys.stderr)
             return 1
         if args.json:
             print(json.dumps(rows, indent=1))
             return 0
-        print(f"issue 19's first trace again: nyc-dest, N = 16, theta = 0.08, planner auto, "
-              f"{ISSUE_JUDGED} judged windows per policy")
+        print(f"the first measurement again: nyc-dest, N = 16, theta = 0.08, planner auto, "
+              f"{FIRST_JUDGED} judged windows per policy")
         for r in rows:
-            issue = r["issue"] or (None, None)
+            first = r["first"] or (None, None)
             said = ", ".join(x for x in (
-                f"{issue[0]:.0%} within" if issue[0] is not None else "",
-                f"mean {issue[1]:.3f}" if issue[1] is not None else "") if x) or "-"
+                f"{first[0]:.0%} within" if first[0] is not None else "",
+                f"mean {first[1]:.3f}" if first[1] is not None else "") if x) or "-"
             print(f"  {r['policy']:7} {r['judged']:15} within {r['share_within']:6.1%}  mean "
-                  f"{r['mean_imbalance']:.3f}  p90 {r['p90_imbalance']:.3f}   issue: {said}")
+                  f"{r['mean_imbalance']:.3f}  p90 {r['p90_imbalance']:.3f}   first measured: {said}")
         return 0
     names = [t.strip() for t in args.traces.split(",") if t.strip()]
     unknown = [t for t in names if t not in trace_lib.TRACES]

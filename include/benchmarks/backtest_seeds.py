@@ -1,4 +1,4 @@
-"""Issue 19's goals on the synthetic traces over several generator seeds (a script, not a test)
+"""The backtest's targets on the synthetic traces over several generator seeds (a script, not a test)
 
     python include/benchmarks/backtest_seeds.py [--traces synth-drift,synth-seasonal]
                                                 [--seeds 19,20,21,22] [--method M] [--json]
@@ -18,7 +18,7 @@ as it can be known before it (``backtest_benchmark.py --causal-bound``), at each
 of the same grid. The best theta_plan of the oracle and of the known past is chosen on the
 pooled figures, not per seed (the best of four noisy draws would flatter either).
 
-Issue 19's goal verdicts (``backtest_benchmark.verdicts``) are printed for ``auto`` on the
+The verdicts on the targets G1-G4 (``backtest_benchmark.verdicts``) are printed for ``auto`` on the
 pooled figures. Deterministic for the seeds given.
 """
 

@@ -1,12 +1,12 @@
-"""Planner benchmark on seed 003's synthetic workload (a script, not a test; ``make bench``).
+"""Planner benchmark on the synthetic workload (a script, not a test; ``make bench``).
 
     python include/benchmarks/plan_benchmark.py [--quick] [--only a|b] [--planners mixed,auto]
                                                 [--time-limit S] [--intervals N]
 
-Scenarios (workload: :mod:`rebalance.core.synthetic`, seed 0):
+Scenarios (workload: :mod:`rebalance.core.synthetic`, Fang et al.'s generator, seed 0):
 
-* (a) seed 003's defaults: Zipf 0.85, K = 10^4 keys, N = 15 instances, fluctuation f = 1,
-  theta = 0.08, A_max = 3000, 50 intervals, and seed 003's state model S(k, w) with
+* (a) the generator's defaults: Zipf 0.85, K = 10^4 keys, N = 15 instances, fluctuation f = 1,
+  theta = 0.08, A_max = 3000, 50 intervals, and the paper's state model S(k, w) with
   w = 10 (``SyntheticConfig.state_window = SLIDING_STATE_WINDOW``: a key's state is its
   events over its last 10 intervals, see :mod:`rebalance.core.synthetic`). A warm-up plan on
   interval 0 starts from the default placement (not counted: it is a one-off move away
@@ -22,7 +22,7 @@ Scenarios (workload: :mod:`rebalance.core.synthetic`, seed 0):
   Mixed, auto).
 * (b) K = 10^6 keys, N = 64, theta = 0.02, a few intervals (current-interval state, as
   before: the targets of (b) are time and memory), in two variants: ``b-z0.85``
-  (seed 003's Zipf 0.85: its top key alone is 1.37 mean loads, so 1 + theta = 1.02 is
+  (the default Zipf 0.85: its top key alone is 1.37 mean loads, so 1 + theta = 1.02 is
   unreachable for every planner; the best possible imbalance is printed) and ``b-z0.7``
   (reachable: top key 0.31 mean loads; fluctuation f = 0.5, because with these flat
   weights random swaps almost never move a whole mean load onto one instance, so f = 1
@@ -33,7 +33,7 @@ Scenarios (workload: :mod:`rebalance.core.synthetic`, seed 0):
   with the default placement and with an assignment file listing every key, for mixed
   and auto (:mod:`rebalance.evaluation.scale`, also ``rebalance bench --experiment
   scale``): median and worst of ``--scale-runs`` runs (the first cold) of wall time,
-  input seconds, plan_seconds, peak RSS, imbalance and migration, issue 11's targets,
+  input seconds, plan_seconds, peak RSS, imbalance and migration, the scale targets,
   and a log-log plot of time against K (``--scale-plot``, default
   ``docs/img/plan_scale.png``).
 
@@ -282,7 +282,8 @@ def run_scale_scenario(args) -> list[dict]:
 
 
 def scale_targets(summary: list[dict]) -> list[tuple[str, bool, str]]:
-    """Issue 11's targets for the whole command, on the worst run of each point."""
+    """The scale targets for the whole command (each point's ``target``), on the worst run
+    of each point."""
     checks = []
     for s in summary:
         if "pass" in s:

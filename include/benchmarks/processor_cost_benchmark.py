@@ -18,7 +18,7 @@ users on partition 0 until it holds ``--hot-share`` of the clicks, like tenants 
 collide. The processor burns ``--work-us`` of CPU per click before sessionizing, so an
 instance's time follows its load. Both sides run on a standalone cluster of two one-core
 workers (started here unless ``--master`` is given) at N = 2. The rebalanced side runs
-with the assignment seed 003's Mixed plans from the users' loads (what the DAG publishes
+with the assignment Mixed plans from the users' loads (what the DAG publishes
 after a window of histograms). Beside events/s, the load's max/mean over the instances
 (the critical path of the model) for each side.
 
@@ -123,7 +123,7 @@ def busy_processor(work_us: float, split: bool = False):
 
 
 def planned_routing(names, weights, n: int) -> dict[str, int]:
-    """Seed 003's Mixed plan on the users' loads (one window of their click counts)."""
+    """Mixed's plan on the users' loads (one window of their click counts)."""
     from rebalance.core.histograms import build_problem
     from rebalance.core.model import PlanParams
     from rebalance.core.planners import get_planner

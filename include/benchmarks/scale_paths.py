@@ -1,4 +1,4 @@
-"""The other two ways histograms reach a planner, timed at 10^6 keys (issue 11 (2)).
+"""The other two ways histograms reach a planner, timed at 10^6 keys.
 
     python include/benchmarks/scale_paths.py [--keys K] [--runs R] [--skip-dag]
                                              [--workdir DIR]

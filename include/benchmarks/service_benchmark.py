@@ -15,7 +15,7 @@ with ``REBALANCE_SPARK_CONF="spark.ui.enabled=true;spark.ui.port=4050" make up``
 counts the Spark jobs that server ran between each run's ``windows`` start and its
 ``publish`` end (its REST API, ``/api/v1/applications/<id>/jobs``).
 
-Targets (issue 40): windows -> publish <= 10 s end to end, no task above 5 s, at most 20
+Targets: windows -> publish <= 10 s end to end, no task above 5 s, at most 20
 Spark jobs per run.
 """
 

@@ -104,7 +104,7 @@ def throughput(spark, work: Path, args) -> dict:
 
 
 def plan_routing(spark, root: str, n_instances: int, theta: float) -> tuple[dict[str, int], str]:
-    """Routing table from the hash run's key histograms: seed 003 Mixed on the problem every
+    """Routing table from the hash run's key histograms: Mixed on the problem every
     plan uses (:func:`rebalance.core.histograms.build_problem`: load = cost per window, the mean
     over the run's windows; state = bytes at the close of the key's latest window). The
     benchmark once summed the windows' costs: a constant factor on every key (absent =

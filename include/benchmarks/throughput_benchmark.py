@@ -21,7 +21,7 @@ the keyed job runs on the cluster (a master and two workers of one core each, st
 batch per micro-batch (saturation: every micro-batch has a full batch waiting):
 
 1. under hash placement (no routing table), then
-2. under the assignment planned from that run's key histograms (seed 003 Mixed, theta
+2. under the assignment planned from that run's key histograms (Mixed, theta
    ``--theta``), published to a fresh copy of the tables.
 
 Sustained events/s = valid events / summed durations of the keyed query's micro-batches

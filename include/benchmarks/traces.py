@@ -1,4 +1,4 @@
-"""Per-window key counts for the backtest benchmark (issue 19): real traces and synthetic ones.
+"""Per-window key counts for the backtest benchmark: real traces and synthetic ones.
 
     python include/benchmarks/traces.py fetch [--dir DIR]      # make traces
     python include/benchmarks/traces.py list
@@ -18,10 +18,10 @@ a mismatch is refused and nothing is replaced.
   the package states; the data are the US DOT BTS on-time records of every flight that
   departed New York City (EWR, JFK, LGA) in 2013: 336 776 flights).
   - ``nyc-dest``: flights per destination airport per day (105 keys, 365 daily windows);
-    N = 16, theta = 0.08: issue 19's first trace.
+    N = 16, theta = 0.08: the first trace plans were judged on.
   - ``nyc-tailnum``: flights per aircraft (tail number) per day (4 043 keys, about 690
     active per day; the 2 512 flights without a tail number, nearly all cancelled, are
-    left out); N = 32, theta = 0.05: issue 19's second trace.
+    left out); N = 32, theta = 0.05: the second.
   A flight counts whether or not it departed (a cancelled flight has no departure time):
   the table lists scheduled flights, and so do the counts. Period: 7 windows (airline
   schedules repeat weekly; Saturdays have the fewest flights).
@@ -39,7 +39,7 @@ a mismatch is refused and nothing is replaced.
     Period: 16 windows (a day). The benchmark replays the first 8 weeks (896 windows,
     1 January to 25 February 2001): the whole half year takes too long on 2 shared cores.
 
-Synthetic traces (numpy only, deterministic): seed 003's generator
+Synthetic traces (numpy only, deterministic): the synthetic workload's generator
 (:class:`rebalance.core.synthetic.SyntheticWorkload`: Zipf frequencies whose hot keys swap
 places from window to window until some instance's load under hashing moved by ``f``
 mean loads), each key's frequency times a per-key phase-shifted daily sine
@@ -50,7 +50,7 @@ mean loads), each key's frequency times a per-key phase-shifted daily sine
   240 windows; N = 16, theta = 0.08.
 * ``synth-seasonal``: the same with a = 0.6 and period 24 (10 days of hourly windows).
 
-  Why Zipf 0.6 and f = 0.1, not seed 003's 0.85 and 1: the generator's fluctuation swaps
+  Why Zipf 0.6 and f = 0.1, not the generator's defaults 0.85 and 1: the generator's fluctuation swaps
   the frequencies of a hot key and a random key, so under f = 1 (or Zipf 0.8, where the
   top key is 0.7 mean loads at N = 16) a key worth most of a mean load jumps to an
   unforeseeable instance every window: measured over 30 windows at Zipf 0.8, every
@@ -135,7 +135,7 @@ class Trace:
     @property
     def source(self) -> str:
         if self.archive is None:
-            return "synthetic: rebalance.core.synthetic (seed 003's generator), " + ", ".join(
+            return "synthetic: rebalance.core.synthetic, " + ", ".join(
                 f"{k}={v}" for k, v in self.synthetic.items())
         return ARCHIVES[self.archive].source
 
@@ -154,11 +154,11 @@ TRACES = {
                               "US 2001 departures per origin airport per hour, 06:00-21:59",
                               n_instances=8, theta=0.1, period=16, archive="vega-datasets",
                               bench_windows=8 * 7 * 16),
-    "synth-drift": Trace("synth-drift", "seed 003 Zipf 0.6 workload, f = 0.1, sampled",
+    "synth-drift": Trace("synth-drift", "synthetic Zipf 0.6 workload, f = 0.1, sampled",
                          n_instances=16, theta=0.08, period=None,
                          synthetic=dict(_SYNTH, amplitude=0.0, period=24)),
     "synth-seasonal": Trace("synth-seasonal",
-                            "seed 003 Zipf 0.6 workload, f = 0.1, daily sine a = 0.6, sampled",
+                            "synthetic Zipf 0.6 workload, f = 0.1, daily sine a = 0.6, sampled",
                             n_instances=16, theta=0.08, period=24,
                             synthetic=dict(_SYNTH, amplitude=0.6, period=24)),
 }
@@ -278,7 +278,7 @@ def _us_origin_hourly(directory: Path) -> pd.DataFrame:
 def synthetic_counts(n_keys: int, zipf: float, fluctuation: float, amplitude: float, period: int,
                      events: int, windows: int, seed: int, n_instances: int,
                      expected: str | None = None) -> pd.DataFrame:
-    """Seed 003's drifting Zipf frequencies times a per-key phase-shifted sine, sampled.
+    """The synthetic workload's drifting Zipf frequencies times a per-key phase-shifted sine, sampled.
 
     Window t's expected share of key k is ``freq_t(k) * (1 + amplitude * sin(2 pi t / period
     + phi_k))`` renormalised, with ``freq_t`` from :class:`rebalance.core.synthetic.SyntheticWorkload`

@@ -14,7 +14,7 @@ imported first, as the api-server has it) that times the view's reads: the index
 renders) and the newest plan's page. Prints
 each figure per run, then the median and the worst.
 
-Target (issue 40): a page in <= 1 s with a month of plans.
+Target: a page in <= 1 s with a month of plans.
 """
 
 from __future__ import annotations
