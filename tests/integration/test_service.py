@@ -212,7 +212,7 @@ def browser():
 
 @pytest.fixture()
 def ui(browser, service, api):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
     page.set_default_timeout(60_000)
     ui = UI(page, service.s.api_url, SHOTS)
     ui.login(api.user, api.password)
@@ -263,11 +263,13 @@ def test_a_backfill_started_in_the_ui_stores_what_if_plans(scheduled, ui, api):
 
 
 def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
-    """``make demo`` (or ``airflow dags test``) registers the DAG paused and Airflow keeps the
-    flag; ``make up`` afterwards must unpause it, or nothing is ever scheduled. Here the
-    DAG is paused, then ``up`` runs again over the running stack (every component is
-    already up, as after ``make demo && make up``) and unpauses it."""
+    """``airflow dags test`` (or a person in the UI) leaves a DAG paused and Airflow keeps
+    the flag; ``make up`` afterwards must unpause every DAG of the service, or nothing is
+    scheduled and a triggered run (a rollback) only queues. Here all four are paused, then
+    ``up`` runs again over the running stack (every component is already up) and unpauses
+    them."""
     from rebalance.ops.health import service_lines
+    from rebalance.ops.service import SERVICE_DAGS
 
     path = "/api/v2/dags/rebalance"
     # a window the job wrote (a fresh stack has none for its first seconds)
@@ -275,8 +277,9 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
                                                        dt.timezone.utc))
     api.call("PATCH", path, {"is_paused": True})
     assert api.get(path)["is_paused"] is True
-    maintenance = "/api/v2/dags/rebalance_maintenance"   # the daily maintenance too
-    api.call("PATCH", maintenance, {"is_paused": True})
+    others = [f"/api/v2/dags/{d}" for d in SERVICE_DAGS if d != "rebalance"]
+    for other in others:       # the daily maintenance, and the two that run when triggered
+        api.call("PATCH", other, {"is_paused": True})
     # `make status` says so (the health strip), and that the job writes windows
     health = dict(service_lines(quiet, quiet.status(), "rebalance"))
     assert health["dag"].startswith("PAUSED: nothing is scheduled"), health
@@ -289,9 +292,8 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
         assert quiet.up() == []  # nothing new started
     finally:
         quiet.out = out
-    assert api.get(path)["is_paused"] is False
-    assert api.get(maintenance)["is_paused"] is False
-    assert sum("unpaused" in line for line in lines) == 2, lines
+    assert [api.get(p)["is_paused"] for p in [path, *others]] == [False] * 4
+    assert sum("unpaused" in line for line in lines) == 4, lines
     assert dict(service_lines(quiet, quiet.status(), "rebalance"))["dag"] == "active (unpaused)"
 
 
@@ -439,7 +441,37 @@ def test_a_person_triggers_approves_and_reads_the_plan_in_the_ui(quiet, ui, api)
     ui.page.goto(f"{ui.base}/rebalance/plans/{plan['plan_id']}")
     ui.page.locator("#bars-chart").wait_for(timeout=120_000)
     _assert_moved_keys_shown(ui.page, plan)
+    summary = ui.page.locator("#commits details summary").first
+    assert "{" not in summary.inner_text()               # a commit is one line ...
+    summary.click()                                       # ... its userMetadata one click away
+    assert '"plan_id"' in ui.page.locator("#commits details code").first.inner_text()
     ui.shot("04-plan-page")
+    ui.page.goto(f"{ui.base}/rebalance/")
+    ui.page.locator("#plans").wait_for(timeout=120_000)
+    _assert_readable_index(ui.page)
+    ui.shot("07-rebalance-page")
+
+
+def _assert_readable_index(page) -> None:
+    """At 1440 px: both charts have several time ticks over the same range and name their
+    units; the plans table fits the page or scrolls in its own box (nothing cut off);
+    every column has a header."""
+    ticks = [page.locator(f"#{chart} text.xtick").all_inner_texts()
+             for chart in ("imbalance-chart", "loads-chart")]
+    assert len(ticks[0]) >= 3 and ticks[0] == ticks[1], ticks
+    assert all(re.fullmatch(r"(\d\d-\d\d )?\d\d:\d\d(:\d\d)?", t) for t in ticks[0]), ticks
+    assert page.locator("#imbalance-chart text.ytitle").inner_text() == "imbalance (max / mean load)"
+    assert page.locator("#loads-chart text.ytitle").inner_text().startswith("load per ")
+    assert page.locator("#loads-chart text.xtitle").inner_text().startswith("window start, UTC, ")
+    width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1], width                    # the page itself never scrolls sideways
+    box = page.evaluate("""() => { const t = document.querySelector('#plans');
+        const b = t.parentElement; return [t.scrollWidth, b.clientWidth,
+        getComputedStyle(b).overflowX]; }""")
+    assert box[0] <= box[1] or box[2] == "auto", box
+    for table in ("plans", "versions"):
+        headers = page.locator(f"#{table} th").all_inner_texts()
+        assert all(h.strip() for h in headers), (table, headers)
 
 
 def _assert_moved_keys_shown(page, plan: dict) -> None:

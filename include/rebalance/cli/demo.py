@@ -5,8 +5,9 @@
    event time to the Delta table ``events`` from a background thread.
 2. The keyed streaming job runs in this process (a micro-batch every 2 s): it routes
    every key by the latest assignment version and writes per-window histograms.
-3. The ``rebalance`` DAG runs several times with real Airflow (``dag.test``, the SQLite
-   metadata database of ``$AIRFLOW_HOME``), each run over the latest minute of event
+3. The ``rebalance`` DAG runs several times with real Airflow (``dag.test``, on an Airflow
+   home of the demo's own, ``.data/demo/airflow``, fresh each time: the demo's runs never
+   join the service's run history in ``.airflow``), each run over the latest minute of event
    time: read windows, detect (trigger rule theta), plan, validate (Great Expectations),
    publish, apply (a live switch: the job uses the new version from its next
    micro-batch) and verify on the next windows.
@@ -110,7 +111,8 @@ def main() -> None:
     from rebalance.streaming.job import JobConfig, start_job
 
     started = time.monotonic()
-    print(f"demo data in {root} (fresh); Airflow home {os.environ['AIRFLOW_HOME']}")
+    print(f"demo data in {root} (fresh), with its own Airflow home "
+          f"{os.environ['AIRFLOW_HOME']} (the service's, for `make up`, is not touched)")
     spark = spark_session()
     spark.sparkContext.setLogLevel("ERROR")
     t0 = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=30)).replace(second=0, microsecond=0)
@@ -156,19 +158,40 @@ def main() -> None:
 
 
 def _configure(root: Path) -> None:
-    """Environment of the demo, set before Spark or Airflow are imported."""
+    """Environment of the demo, set before Spark or Airflow are imported: a fresh data
+    root and a fresh Airflow home inside it (the demo's DAG runs are its own, never in the
+    service's history), and PySpark's per-query worker lines kept off the console."""
+    from rebalance.ops.service import quiet_python_workers
+
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
     os.environ["REBALANCE_DATA_DIR"] = str(root)
     os.environ["REBALANCE_SCHEDULE"] = f"{int(INTERVAL.total_seconds())}s"
-    os.environ.setdefault("AIRFLOW_HOME", str(REPO_ROOT / ".airflow"))
+    os.environ["AIRFLOW_HOME"] = str(root / "airflow")
     os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO_ROOT / "dags"))
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("REBALANCE_SPARK_CONF", "spark.ui.enabled=false")
     os.environ.setdefault("REBALANCE_SPARK_LOG_LEVEL", "ERROR")
+    # the Python workers of the job's Spark inherit this process's environment
+    os.environ.update(quiet_python_workers(dict(os.environ), root / "logs" / "python-worker.log"))
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    _migrate_airflow_db(root / "airflow")
+
+
+def _migrate_airflow_db(home: Path) -> None:
+    """Create the demo's Airflow metadata database (SQLite, about 6 s)."""
+    import subprocess
+    import sys
+
+    home.mkdir(parents=True)
+    log = home / "db-migrate.log"
+    with log.open("wb") as out:
+        rc = subprocess.call([str(Path(sys.executable).with_name("airflow")), "db", "migrate"],
+                             stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+    if rc != 0:
+        raise RuntimeError(f"airflow db migrate failed (exit {rc}) in {home}; see {log}")
 
 
 def _wait_for_window(spark, window_start: dt.datetime, feeder: Feeder, timeout: float = 300) -> None:
