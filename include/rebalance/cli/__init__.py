@@ -26,6 +26,7 @@ from rebalance import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "cli.plan",
     "cli.backtest",
+    "cli.advise",
     "cli.audit",
     "cli.apply",
     "cli.evaluate",
