@@ -116,6 +116,7 @@ def test_table_bound_is_valid_and_at_least_the_plain_bound(seed):
     meeting both the load bound and the table bound, and never falls below the plain one."""
     problem = _small_problem(np.random.default_rng(1000 + seed), seed, max_keys=8)
     loads, migration, table = _every_assignment(problem)
+    compared = 0
     for theta in (0.0, 0.2, 1.0):
         target = max((1 + theta) * problem.mean_load(), float(problem.load.max()))
         plain = migration_lower_bound(problem, target)
@@ -125,6 +126,8 @@ def test_table_bound_is_valid_and_at_least_the_plain_bound(seed):
             assert bound >= plain - 1e-9
             if ok.any():
                 assert bound <= migration[ok].min() * (1 + 1e-9) + 1e-9
+                compared += 1
+    assert compared, "no plan met the bounds: the bound was never checked against one"
 
 
 def test_table_bound_charges_the_table_keys_that_must_go_home():
@@ -200,6 +203,7 @@ def test_cover_bound_is_valid_and_at_least_the_plain_bound(seed):
     problem = _small_problem(np.random.default_rng(3000 + seed), seed, max_keys=9,
                              pareto_loads=seed % 2 == 0)
     loads, migration, table = _every_assignment(problem)
+    compared = 0
     for theta in (0.0, 0.1, 0.3, 1.0):
         target = max((1 + theta) * problem.mean_load(), float(problem.load.max()))
         plain = migration_lower_bound(problem, target)
@@ -208,12 +212,14 @@ def test_cover_bound_is_valid_and_at_least_the_plain_bound(seed):
         ok = loads.max(axis=1) <= target * (1 + 1e-9)
         if ok.any():
             assert whole <= migration[ok].min() * (1 + 1e-9) + 1e-9
+            compared += 1
         for max_table in range(0, problem.n_keys + 1):
             ok_t = ok & (table <= max_table)
             if ok_t.any():
                 best = migration[ok_t].min() * (1 + 1e-9) + 1e-9
                 assert whole <= best
                 assert max(whole, migration_lower_bound(problem, target, max_table)) <= best
+    assert compared, "no plan met the load bound: the bound was never checked against one"
 
 
 def test_cover_bound_counts_whole_keys():
