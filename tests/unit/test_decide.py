@@ -106,7 +106,7 @@ def test_a_stable_skew_is_planned_and_its_backtest_holds():
     assert f["planned"] <= 1.1 < 1.5 < f["staying"]
     assert f["gain"] == pytest.approx(f["staying"] - f["planned"])
     assert 0 < planning.theta_plan <= 0.1 and planning.load_model is not None
-    assert planning.reasons[0].startswith("auto: ")
+    assert planning.reasons[0].startswith("chosen by backtest: plans on ")
     assert planning.reasons[-1].startswith("rebalance: plans made on these windows hold: "
                                            "backtested realised ")
     assert len(f["window_rows"]) == 2 and all(r["planned"] < r["staying"]
@@ -122,6 +122,8 @@ def test_moving_bursts_are_not_planned_because_the_plans_do_not_hold(load_model)
     (reason,) = planning.decision.reasons
     assert "plans made on these windows do not hold: backtested realised " in reason
     assert "staying" in reason
+    # in words, without the policy's label or the load model's spelling
+    assert "W=" not in reason and "windows=" not in reason, reason
 
 
 def test_the_gain_gate_uses_min_backtest_gain():
@@ -151,19 +153,20 @@ def test_a_named_load_model_and_theta_plan_are_used_as_given():
     planning = decide.plan_policy(h, live, params(load_model="ewm:halflife=2", theta_plan=0.04),
                                   10.0)
     assert str(planning.load_model) == "ewm" and planning.theta_plan == 0.04
-    assert planning.reasons[0] == "load model ewm; theta_plan 0.04 (set)"
+    assert planning.reasons[0] == ("plans on a mean of every window weighted toward the "
+                                   "latest (half-life 2 windows); theta_plan 0.04 (set)")
     # without theta_plan, a named model's theta_plan is calibrated on the windows before
     calibrated = decide.plan_policy(h, live, params(load_model="mean"), 10.0)
     assert 0 < calibrated.theta_plan <= 0.1 and "calibration" in calibrated.facts
-    assert calibrated.reasons[0].startswith("load model mean; theta_plan ")
+    assert calibrated.reasons[0].startswith("plans on the mean of every window; theta_plan ")
 
 
 def test_one_window_cannot_be_backtested():
     h, live = history(stable_skew(1))
     planning = decide.plan_policy(h, live, params(min_windows=1), 10.0)
     assert planning.skip and planning.decision.reasons == [
-        "1 window(s) with events: a plan cannot be judged on windows it was not made on "
-        "(min_windows >= 2 lets every run backtest)"]
+        "not enough windows yet: 1 of 2 needed to judge a plan on a window it was not made "
+        "on (min_windows >= 2 lets every run backtest)"]
     forced = decide.plan_policy(h, live, params(min_windows=1, force=True), 10.0)
     assert not forced.skip and forced.reasons[0].startswith("not backtested (forced): ")
 
@@ -172,7 +175,7 @@ def test_two_windows_plan_on_one_and_judge_on_the_other():
     h, live = history(stable_skew(2))
     planning = decide.plan_policy(h, live, params(), 10.0)
     assert not planning.skip and planning.facts["holdout"] == 1
-    assert "too few to choose one by backtest" in planning.reasons[0]
+    assert "too few to choose how to plan by backtest" in planning.reasons[0]
 
 
 def test_the_forecast_problem_covers_every_key_of_the_run():
@@ -191,3 +194,37 @@ def test_the_forecast_problem_covers_every_key_of_the_run():
     assert robust.scenarios.shape == (2, len(KEYS) + 1)
     assert np.allclose(robust.scenarios[:, list(robust.keys).index(keys_on(0)[0])], 310)
     assert (robust.state == problem.state).all() and (robust.current == problem.current).all()
+
+
+def test_a_plan_s_first_reason_says_what_it_does_in_plain_words():
+    metrics = {"moved_keys": 12, "migration_fraction": 0.031, "table_size": 40,
+               "imbalance_before": 1.8, "imbalance_after": 1.05, "feasible": True}
+    assert decide.plan_summary(metrics, 0.05) == (
+        "moves 12 key(s) (3.1% of the state); routing table 40 entries; imbalance "
+        "1.800 -> 1.050 predicted")
+    split = {**metrics, "split_keys": 3, "feasible": False}
+    text = decide.plan_summary(split, 0.05)
+    assert "; 3 hot key(s) split over several instances;" in text
+    assert text.endswith("above the bound it was planned for (1 + 0.05) or outside a limit: "
+                         "the best the planner found")
+    assert decide.plan_summary({**metrics, "moved_keys": 0}, 0.05).startswith("moves no key;")
+
+
+@pytest.mark.parametrize("model, words", [
+    ("mean:windows=1", "the mean of the last window"),
+    ("mean:windows=3", "the mean of the last 3 windows"),
+    ("quantile:q=0.9,windows=7", "each key's 90% quantile over the last 7 windows"),
+    ("max:windows=7", "each key's peak over the last 7 windows"),
+    ("robust:windows=3", "each of the last 3 windows within the bound"),
+    ("seasonal:period=24,windows=48",
+     "the mean of the same window in each earlier period of 24 windows (within the last 48 "
+     "windows)"),
+])
+def test_load_models_and_policies_are_described_in_words(model, words):
+    from rebalance.core.backtest import Policy
+    from rebalance.core.forecast import LoadModel
+
+    assert LoadModel.parse(model).describe() == words
+    assert Policy.of(model).describe() == f"plans on {words}"
+    assert Policy.of(model, theta_plan=0.02, method="greedy").describe() == (
+        f"plans on {words}, at theta_plan 0.02, planner greedy")

@@ -28,6 +28,7 @@ engine of :mod:`rebalance.core.backtest`, so it is unit-tested without Spark or 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,23 @@ def detect(history: WindowHistory, current: np.ndarray, p: RunParams, events: in
     return decision, facts
 
 
+def plan_summary(metrics: Mapping[str, Any], theta_plan: float) -> str:
+    """What a plan does, in a user's words: the first of its reasons (the planner's own
+    account of how it got there is kept apart, in ``inputs["planner_notes"]``)."""
+    moved = int(metrics["moved_keys"])
+    text = (f"moves {moved} key(s) ({100 * float(metrics['migration_fraction']):.1f}% of the "
+            f"state)" if moved else "moves no key")
+    if metrics.get("split_keys"):
+        text += f"; {int(metrics['split_keys'])} hot key(s) split over several instances"
+    text += (f"; routing table {int(metrics['table_size'])} entries; imbalance "
+             f"{float(metrics['imbalance_before']):.3f} -> {float(metrics['imbalance_after']):.3f}"
+             " predicted")
+    if metrics.get("feasible") is False:
+        text += (f", above the bound it was planned for (1 + {theta_plan:g}) or outside a "
+                 "limit: the best the planner found")
+    return text
+
+
 def rule_text(rule: str) -> str:
     """How a skip names the rule that blocked, and how to plan anyway."""
     return ("theta trigger" if rule == "theta" else "MLDC trigger rules") \
@@ -132,8 +150,8 @@ def plan_policy(history: WindowHistory, current: np.ndarray, p: RunParams,
     reasons: list[str] = []
     facts: dict[str, Any] = {"windows": n}
     if n < 2:
-        why = (f"{n} window(s) with events: a plan cannot be judged on windows it was not "
-               "made on (min_windows >= 2 lets every run backtest)")
+        why = (f"not enough windows yet: {n} of 2 needed to judge a plan on a window it was "
+               "not made on (min_windows >= 2 lets every run backtest)")
         model = LoadModel("mean") if p.model().name == "auto" else p.model()
         tp = float(p.theta_plan or theta)
         if not p.force:
@@ -154,8 +172,9 @@ def plan_policy(history: WindowHistory, current: np.ndarray, p: RunParams,
                        f"{tp:g}")
     policy = _policy(model, tp, p.method, cut)
     if policy.history > cut:
-        why = (f"load model {model} needs {policy.history} window(s) before the "
-               f"{hold} held-out one(s); the run has {n}")
+        why = (f"not enough windows yet: {n} of {policy.history + hold} needed (planning on "
+               f"{model.describe()} reads {policy.history}, and {hold} are held out to judge "
+               "the plan)")
         decision = Decision(True, [why], forced=True) if p.force else Decision(False, [why])
         return Planning(model, tp, decision, [*reasons, why], facts)
     held = holds(history, policy, theta, holdout=hold, current=current,
@@ -182,9 +201,9 @@ def _choose(before: WindowHistory, current: np.ndarray, p: RunParams, base: Plan
     if model.name == "auto":
         if before.n_windows < 2:
             tp = float(p.theta_plan or theta)
-            reasons.append(f"load model mean of the {before.n_windows} window(s) before the "
-                           f"held-out one(s): too few to choose one by backtest; theta_plan "
-                           f"{tp:g}" + (" (set)" if p.theta_plan else " (theta)"))
+            reasons.append(f"plans on the mean of the {before.n_windows} window(s) before the "
+                           f"held-out one(s): too few to choose how to plan by backtest; "
+                           f"theta_plan {tp:g}" + (" (set)" if p.theta_plan else " (theta)"))
             facts["choice"] = "too few windows"
             return LoadModel("mean"), tp
         candidates = default_candidates(theta, before.n_windows, before.n_keys, method=p.method,
@@ -196,14 +215,14 @@ def _choose(before: WindowHistory, current: np.ndarray, p: RunParams, base: Plan
                         candidates=candidates, params=base, initial=current,
                         min_gain=p.min_backtest_gain)
         facts["choice"] = _table(choice.table)
-        reasons.append(f"auto: {choice.reason}")
+        reasons.append(f"chosen by backtest: {choice.reason}")
         if choice.stay:
             return None, float(p.theta_plan or theta)
         if not choice.backtested:
             return LoadModel("mean"), float(p.theta_plan or theta)
         return choice.policy.load_model, float(choice.theta_plan)
     if p.theta_plan is not None:
-        reasons.append(f"load model {model}; theta_plan {p.theta_plan:g} (set)")
+        reasons.append(f"plans on {model.describe()}; theta_plan {p.theta_plan:g} (set)")
         return model, float(p.theta_plan)
     # A model reading every window given is calibrated reading half of them, so that
     # the windows before the held-out ones leave some to judge on.
@@ -212,11 +231,11 @@ def _choose(before: WindowHistory, current: np.ndarray, p: RunParams, base: Plan
         cal = calibrate(before, policy, theta, target=p.headroom_target, params=base,
                         initial=current)
     except (BacktestError, LoadModelError) as exc:
-        reasons.append(f"load model {model}; theta_plan {theta:g} (theta: cannot calibrate "
-                       f"on {before.n_windows} window(s): {exc})")
+        reasons.append(f"plans on {model.describe()}; theta_plan {theta:g} (theta: cannot "
+                       f"calibrate on {before.n_windows} window(s): {exc})")
         return model, theta
     facts["calibration"] = _table(cal.table)
-    reasons.append(f"load model {model}; {cal.reason}")
+    reasons.append(f"plans on {model.describe()}; {cal.reason}")
     return model, float(cal.theta_plan)
 
 

@@ -156,7 +156,8 @@ def plan(detected: Mapping[str, Any]) -> dict[str, Any]:
         metrics.update((evaluate_split(flat, result.assignment, split) if split is not None
                         else evaluate(flat, result.assignment)).to_dict())
         planning.facts["worst_scenario_imbalance"] = worst
-    reasons = list(result.notes)
+    reasons = [decide.plan_summary(metrics, theta_plan)]
+    inputs["planner_notes"] = list(result.notes)   # how the planner got there, its terms
     if p.trigger_rule == "mldc":
         decision = trigger_policy(p).decide(
             metrics["imbalance_before"], int(inputs["events"]),

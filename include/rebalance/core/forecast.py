@@ -137,6 +137,30 @@ class LoadModel:
                 parts.append(f"{option}={_number(value)}")
         return self.name + (":" + ",".join(parts) if parts else "")
 
+    def describe(self) -> str:
+        """The model in words, for the reasons a user reads (``str()`` is the run param's
+        spelling): ``mean:windows=3`` is "the mean of the last 3 windows"."""
+        w = self.windows
+        last = ("every window" if w is None else "the last window" if w == 1
+                else f"the last {w} windows")
+        if self.name == "mean":
+            return f"the mean of {last}"
+        if self.name == "ewm":
+            return (f"a mean of {last} weighted toward the latest (half-life "
+                    f"{_number(self.halflife)} windows)")
+        if self.name == "quantile":
+            return f"each key's {self.quantile:.0%} quantile over {last}"
+        if self.name == "max":
+            return f"each key's peak over {last}"
+        slots = (f"the same window in each earlier period of {self.period} windows"
+                 + ("" if w is None else f" (within {last})"))
+        if self.name == "seasonal":
+            return f"the mean of {slots}"
+        if self.name == "robust":
+            return (f"{slots}, each within the bound" if self.by_slot
+                    else f"each of {last} within the bound")
+        return "the load model chosen by backtest"
+
     # ------------------------------------------------------------------ use
     @property
     def by_slot(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -111,8 +111,10 @@ def _today(policies: Sequence[Policy], theta: float) -> int | None:
 def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
           share_slack: float = AUTO_SHARE_SLACK, min_gain: float = 0.0,
           migration_cap: float | None = None,
-          mean_tolerance: float = AUTO_MEAN_TOLERANCE) -> tuple[int | None, str]:
-    """Index of the chosen candidate row (None: stay) and why.
+          mean_tolerance: float = AUTO_MEAN_TOLERANCE,
+          described: Mapping[str, str] | None = None) -> tuple[int | None, str]:
+    """Index of the chosen candidate row (None: stay) and why (a candidate named by
+    ``described[policy]``, its :meth:`Policy.describe`, when given).
 
     Candidates whose share within 1 + theta reaches ``target`` are near-best, else
     those within ``share_slack`` of the best share and within ``mean_tolerance`` x theta
@@ -140,11 +142,12 @@ def _pick(table: pd.DataFrame, stay_mean: float, theta: float, target: float,
         near = near[near["mean_imbalance"] <= lowest + theta * mean_tolerance]
     row = near.sort_values(["migration_per_step", "mean_imbalance"], kind="stable").iloc[0]
     idx = int(row.name)
+    what = (described or {}).get(row.policy, row.policy)
     if math.isfinite(stay_mean) and not row.mean_imbalance < stay_mean - min_gain:
         return None, (f"plans made on these windows do not hold: backtested realised "
-                      f"{row.mean_imbalance:.3f} ({row.policy}) vs {stay_mean:.3f} staying")
+                      f"{row.mean_imbalance:.3f} (best: {what}) vs {stay_mean:.3f} staying")
     versus = f" vs {stay_mean:.3f} staying" if math.isfinite(stay_mean) else ""
-    return idx, (f"{row.policy}: {row.share_within:.0%} of {int(row.windows)} backtested windows "
+    return idx, (f"{what}: {row.share_within:.0%} of {int(row.windows)} backtested windows "
                  f"within 1 + theta = {1 + theta:g} (best candidate {best_share:.0%}), mean "
                  f"realised {row.mean_imbalance:.3f}{versus}, migration "
                  f"{row.migration_per_step:.2%} per step{capped}")

@@ -411,10 +411,11 @@ def _run_auto(eng: _Engine, policies: Sequence[Policy], steps: list[int], horizo
                        else MAX_MIGRATION_RATIO * float(np.nanmean(m[today_i])))
                 idx, why = _pick(table, math.inf, theta, target,
                                  share_slack=settings.share_slack,
-                                 mean_tolerance=settings.mean_tolerance, migration_cap=cap)
+                                 mean_tolerance=settings.mean_tolerance, migration_cap=cap,
+                                 described={p.name: p.describe() for p in cands})
                 # staying = not replanning: the candidate's previous assignment on the window
                 if idx is not None and not r[idx].mean() < s[idx].mean() - min_gain:
-                    why = (f"{cands[idx].name}: replanning does not pay (realised "
+                    why = (f"{cands[idx].describe()}: replanning does not pay (realised "
                            f"{r[idx].mean():.3f} vs {s[idx].mean():.3f} not replanning)")
                     idx = None
                 chosen = None if idx is None else cands[idx]

@@ -135,7 +135,8 @@ def choose(history: WindowHistory, theta: float, time_limit: float = 30.0, targe
         tried = [p for p in cands if p.name in set(table["policy"])]
         cap = MAX_MIGRATION_RATIO * float(
             table.loc[table["policy"] == tried[today].name, "migration_per_step"].iloc[0])
-    idx, reason = _pick(table, stay_mean, theta, target, min_gain=min_gain, migration_cap=cap)
+    idx, reason = _pick(table, stay_mean, theta, target, min_gain=min_gain, migration_cap=cap,
+                        described={p.name: p.describe() for p in cands})
     if skipped:
         reason += f" ({skipped} candidate(s) not tried: time limit {time_limit:g} s)"
     chosen = None if idx is None else next(p for p in cands if p.name == table.loc[idx, "policy"])

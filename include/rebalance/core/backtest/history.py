@@ -153,6 +153,16 @@ class Policy:
                 label += f"/{self.method}"
             object.__setattr__(self, "name", label)
 
+    def describe(self) -> str:
+        """The policy in words, for the reasons a user reads (``name`` is its label in
+        tables): "plans on the mean of the last window, at theta_plan 0.05"."""
+        text = f"plans on {self.load_model.describe()}"
+        if self.theta_plan is not None:
+            text += f", at theta_plan {self.theta_plan:g}"
+        if self.method != "mixed":
+            text += f", planner {self.method}"
+        return text
+
     @classmethod
     def of(cls, model: str | LoadModel, theta_plan: float | None = None,
            method: str = "mixed", name: str = "") -> Policy:

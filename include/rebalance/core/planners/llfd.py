@@ -301,23 +301,23 @@ def describe_outcome(out: LlfdOutcome, ck: CompactKeys, bound: float,
                      params: PlanParams) -> list[str]:
     """Why an LLFD run's assignment is what it is."""
     notes = [
-        f"phase I cleaned {out.cleaned} of {ck.n_cleanable} table key(s); phase II detached "
-        f"{out.detached} key(s) from instances above {bound:.6g}; {out.forced} key(s) of "
-        f"drained/removed instances joined the candidates; ADJUST swapped out {out.adjusted} "
-        "lighter key(s)"]
+        f"{out.cleaned} of the {ck.n_cleanable} routed key(s) sent back to their default "
+        f"instance; {out.detached} key(s) taken off instances loaded above {bound:.6g}; "
+        f"{out.forced} key(s) moved off drained or removed instances; {out.adjusted} lighter "
+        "key(s) moved aside to make room for heavier ones"]
     if out.fallbacks:
-        notes.append(f"{out.fallbacks} candidate key(s) fit no instance even with ADJUST: "
-                     "placed on the least-loaded instance")
+        notes.append(f"{out.fallbacks} key(s) fit no instance even after moving lighter keys "
+                     "aside: placed on the least-loaded instance")
     if out.capped:
-        notes.append("LLFD hit its loop cap: remaining candidates went to the least-loaded "
-                     "instance without ADJUST")
-    table = f"table {out.table_size} entries"
+        notes.append("the placement loop reached its step limit: the remaining keys went to "
+                     "the least-loaded instance")
+    table = f"routing table {out.table_size} entries"
     if params.max_table is not None:
-        table += f" (A_max {params.max_table})"
+        table += f" (at most {params.max_table})"
     notes.append(f"result: {out.moved_keys} key(s) move, {table}")
     if params.budget_bytes is not None or params.budget_keys is not None:
-        notes.append("Fang et al. minimise migration but have no migration budget: the budget "
-                     "is checked on the plan, not enforced while planning")
+        notes.append("this planner keeps migration low but has no migration budget: the "
+                     "budget is checked on the plan, not enforced while planning")
     return notes
 
 
@@ -339,9 +339,9 @@ class MinTablePlanner(_LlfdPlanner):
         ck = self._compact(problem, params, Psi.LOAD)
         out = run_llfd(ck, problem, ck.n_cleanable, bound)
         return Proposal(out.assignment, [
-            "MinTable (Fang et al., Alg. 2): every table key goes back to its default instance, "
-            "then keys are detached and placed highest load first, so few keys leave their "
-            "default instance", describe_compact(ck, problem.n_keys), *notes,
+            "MinTable: every routed key goes back to its default instance, then keys are "
+            "taken off overloaded instances and placed highest load first, so few keys leave "
+            "their default instance", describe_compact(ck, problem.n_keys), *notes,
             *describe_outcome(out, ck, bound, params)])
 
 
@@ -355,9 +355,9 @@ class MinMigPlanner(_LlfdPlanner):
         ck = self._compact(problem, params, Psi.GAMMA)
         out = run_llfd(ck, problem, 0, bound)
         return Proposal(out.assignment, [
-            "MinMig (Fang et al., Alg. 3): the table is kept, keys are detached and swapped by "
-            f"highest gamma = c^{params.beta:g} / S first, so little state moves "
-            "(the table may grow)", describe_compact(ck, problem.n_keys), *notes,
+            "MinMig: the routing table is kept, and the keys moved are those with the most "
+            f"load for their state first (gamma = c^{params.beta:g} / S), so little state "
+            "moves (the table may grow)", describe_compact(ck, problem.n_keys), *notes,
             *describe_outcome(out, ck, bound, params)])
 
 
@@ -383,16 +383,18 @@ class MixedPlanner(_LlfdPlanner):
             out = run_llfd(ck, problem, n, bound)
             trials.append(out)
         notes.insert(0, describe_compact(ck, problem.n_keys))
-        sizes = ", ".join(f"n={t.cleaned}: {t.table_size}" for t in trials)
+        sizes = ", ".join(f"{t.cleaned} sent back: {t.table_size}" for t in trials)
         if a_max is None:
-            head = "Mixed (Fang et al., Alg. 4) without A_max: n = 0, the MinMig plan"
+            head = ("Mixed without a routing-table bound: no routed key sent back first (the "
+                    "MinMig plan)")
         elif out.table_size <= a_max:
-            head = (f"Mixed (Fang et al., Alg. 4) cleaned n={out.cleaned} of {ck.n_cleanable} "
-                    f"table keys (smallest state first) so the table fits A_max = {a_max}; "
-                    f"table size per trial: {sizes}")
+            head = (f"Mixed sent {out.cleaned} of the {ck.n_cleanable} routed key(s) back to "
+                    f"their default instance first (smallest state first) so the routing "
+                    f"table fits its bound of {a_max}; table entries per attempt: {sizes}")
         else:
-            head = (f"Mixed (Fang et al., Alg. 4): even n = |A| = {ck.n_cleanable} leaves the table "
-                    f"above A_max = {a_max} (table size per trial: {sizes})")
+            head = (f"Mixed: even with all {ck.n_cleanable} routed key(s) sent back, the routing "
+                    f"table stays above its bound of {a_max} (table entries per attempt: "
+                    f"{sizes})")
             fallback = MinTablePlanner().propose(problem, params)
             table = int((fallback.assignment != problem.default).sum())
             if table < out.table_size:
