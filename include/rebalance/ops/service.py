@@ -267,15 +267,13 @@ def components(s: Settings) -> list[Component]:
     ]
 
 
-#: A ``sitecustomize`` for the job's Python processes (``worker_site/sitecustomize.py``).
-WORKER_SITE = Path(__file__).with_name("worker_site")
+WORKER_SITE = Path(__file__).with_name("worker_site")  # a sitecustomize for the job
 
 
 def quiet_python_workers(env: dict[str, str], log: Path) -> dict[str, str]:
-    """``env`` for a process whose Spark runs ``transformWithStateInPandas``: PySpark's
-    driver worker prints its start and its UDF's whole return type at every query start,
-    which the JVM copies to its stderr; with this environment that worker's stdout goes to
-    ``log`` instead (its stderr and its errors are kept: ``worker_site/sitecustomize.py``)."""
+    """``env`` for a process whose Spark runs ``transformWithStateInPandas``: the stdout of
+    PySpark's driver worker (its start and UDF printed at every query start) goes to ``log``,
+    its stderr and errors are kept (``worker_site/sitecustomize.py``)."""
     paths = [str(WORKER_SITE), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
     return {**env, "PYTHONPATH": os.pathsep.join(paths),
             "REBALANCE_PYTHON_WORKER_LOG": str(log)}
