@@ -456,13 +456,16 @@ def _assert_readable_index(page) -> None:
     """At 1440 px: both charts have several time ticks over the same range and name their
     units; the plans table fits the page or scrolls in its own box (nothing cut off);
     every column has a header."""
-    ticks = [page.locator(f"#{chart} text.xtick").all_inner_texts()
+    ticks = [page.locator(f"#{chart} text.xtick").all_text_contents()   # SVG: no innerText
              for chart in ("imbalance-chart", "loads-chart")]
     assert len(ticks[0]) >= 3 and ticks[0] == ticks[1], ticks
     assert all(re.fullmatch(r"(\d\d-\d\d )?\d\d:\d\d(:\d\d)?", t) for t in ticks[0]), ticks
-    assert page.locator("#imbalance-chart text.ytitle").inner_text() == "imbalance (max / mean load)"
-    assert page.locator("#loads-chart text.ytitle").inner_text().startswith("load per ")
-    assert page.locator("#loads-chart text.xtitle").inner_text().startswith("window start, UTC, ")
+    title = {c: page.locator(c).text_content()
+             for c in ("#imbalance-chart text.ytitle", "#loads-chart text.ytitle",
+                       "#loads-chart text.xtitle")}
+    assert title["#imbalance-chart text.ytitle"] == "imbalance (max / mean load)", title
+    assert title["#loads-chart text.ytitle"].startswith("load per "), title
+    assert title["#loads-chart text.xtitle"].startswith("window start, UTC, "), title
     width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
     assert width[0] <= width[1], width                    # the page itself never scrolls sideways
     box = page.evaluate("""() => { const t = document.querySelector('#plans');
