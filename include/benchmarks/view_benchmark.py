@@ -43,7 +43,7 @@ imported = time.perf_counter() - t0
 out = {"import": imported}
 t = time.perf_counter()
 html = pages.render_index(views.instance_loads(None, windows=30),
-                          views.realised_imbalance(None, windows=60),
+                          views.realised_ratios(None, windows=60),
                           views.plans(None, limit=100), views.assignments(None), {})
 out["index page"] = time.perf_counter() - t
 newest = views.plans(None, limit=1)[0]["plan_id"]
