@@ -34,10 +34,8 @@ plan made as the DAG makes it and judged on the window after it, and prints:
 
 
 def add_subcommands(subparsers) -> None:
-    """Add ``advise`` to the ``rebalance`` command's subparsers."""
-    from rebalance.control.params import RunParams
-
-    defaults = RunParams()
+    """Add ``advise`` to the ``rebalance`` command's subparsers (the DAG's defaults are
+    read when the command runs: building the parser stays free of pandas)."""
     p = subparsers.add_parser("advise", help="the theta a job can keep, from its stored windows",
                               description=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,16 +47,16 @@ def add_subcommands(subparsers) -> None:
                    help="number of instances (>= 1)")
     p.add_argument("--theta", type=float, default=DEFAULT_THETA, metavar="T",
                    help=f"the job's imbalance bound (default {DEFAULT_THETA:g})")
-    p.add_argument("--target", type=float, default=defaults.headroom_target, metavar="SHARE",
+    p.add_argument("--target", type=float, default=None, metavar="SHARE",
                    help="share of the following windows a theta must keep, in (0, 1] "
-                        f"(default {defaults.headroom_target:g})")
-    p.add_argument("--load-model", default=defaults.load_model, metavar="MODEL",
-                   help=f"load model the plans use (default {defaults.load_model}, the DAG's)")
-    p.add_argument("--method", default=defaults.method, metavar="METHOD",
-                   help=f"planner (default {defaults.method}, the DAG's)")
-    p.add_argument("--history", type=int, default=defaults.lookback_windows, metavar="W",
-                   help="windows each plan is made on, at least (default "
-                        f"{defaults.lookback_windows}, the DAG's lookback)")
+                        "(default: the DAG's headroom_target)")
+    p.add_argument("--load-model", default=None, metavar="MODEL",
+                   help="load model the plans use (default: the DAG's)")
+    p.add_argument("--method", default=None, metavar="METHOD",
+                   help="planner (default: the DAG's)")
+    p.add_argument("--history", type=int, default=None, metavar="W",
+                   help="windows each plan is made on, at least (default: the DAG's "
+                        "lookback_windows)")
     p.add_argument("--thetas", type=float, nargs="+", default=None, metavar="T",
                    help="the thetas to try besides --theta (default 0.01 to 2)")
     p.add_argument("--out", metavar="DIR", default=None,
@@ -66,9 +64,23 @@ def add_subcommands(subparsers) -> None:
     p.set_defaults(func=run_advise)
 
 
+def _with_defaults(args) -> None:
+    """The options left unset take the DAG's defaults (:class:`RunParams`)."""
+    from rebalance.control.params import RunParams
+
+    defaults = RunParams()
+    for name, value in (("target", defaults.headroom_target),
+                        ("load_model", defaults.load_model), ("method", defaults.method),
+                        ("history", defaults.lookback_windows)):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def _check(args) -> None:
     from rebalance.cli import UserError
     from rebalance.core.model import MAX_INSTANCES
+
+    _with_defaults(args)
 
     if not 1 <= args.instances <= MAX_INSTANCES:
         raise UserError(f"--instances must be in [1, {MAX_INSTANCES}], got {args.instances}")
