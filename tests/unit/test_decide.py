@@ -228,3 +228,27 @@ def test_load_models_and_policies_are_described_in_words(model, words):
     assert Policy.of(model).describe() == f"plans on {words}"
     assert Policy.of(model, theta_plan=0.02, method="greedy").describe() == (
         f"plans on {words}, at theta_plan 0.02, planner greedy")
+
+
+def test_a_theta_out_of_reach_is_said_once_with_the_theta_that_holds():
+    windows = stable_skew()
+    hot = dict(windows[0])
+    # 200 keys of 10, 4 of them + 300, one of those + 3000 more: 6 200 events over N = 4,
+    # mean 1 550; the hot key alone carries 3 310 = 2.135 mean loads, so theta must be
+    # >= 1.135: 1.25 of the grid
+    hot[keys_on(0)[0]] += 3000
+    h, live = history([hot] * 6)
+    planning = decide.plan_policy(h, live, params(), time_limit=10.0)
+    said = [r for r in planning.reasons if "out of reach" in r]
+    assert said == ["theta 0.1 is out of reach on these 6 windows: plans keep 0% of the "
+                    "following windows within 1 + theta (target 90%); the smallest theta "
+                    "that holds: 1.25"], planning.reasons
+    assert planning.facts["attainable_theta"] == 1.25
+    assert not planning.skip          # the plan still beats staying: it is applied
+
+
+def test_a_theta_in_reach_says_nothing_more():
+    h, live = history(stable_skew())
+    planning = decide.plan_policy(h, live, params(), time_limit=10.0)
+    assert not any("out of reach" in r for r in planning.reasons)
+    assert planning.facts["attainable_theta"] <= 0.1

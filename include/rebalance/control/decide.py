@@ -47,6 +47,7 @@ from rebalance.core.backtest import (
     holds,
     window_instance_loads,
 )
+from rebalance.core.backtest.advise import advise
 from rebalance.core.forecast import LoadModel, LoadModelError, forecast, scenarios
 from rebalance.core.model import PlanParams, Problem, imbalance
 from rebalance.core.trigger import Decision, GainGate, ThetaTrigger, TriggerPolicy, mldc
@@ -185,11 +186,34 @@ def plan_policy(history: WindowHistory, current: np.ndarray, p: RunParams,
                                "planned": float(r.plan_imbalance),
                                "staying": float(r.stay_imbalance)}
                               for r in held.rows.itertuples()])
+    _theta_in_reach(history, policy, p, params, current, reasons, facts)
     decision = GainGate(min_gain=p.min_backtest_gain).decide(
         held.plan_imbalance, held.stay_imbalance, hold, force=p.force)
     reasons.append(str(decision) if decision.trigger and not decision.forced
                    else "; ".join(decision.reasons))
     return Planning(model, tp, decision, reasons, facts)
+
+
+def _theta_in_reach(history: WindowHistory, policy: Policy, p: RunParams, params: PlanParams,
+                    current: np.ndarray, reasons: list[str], facts: dict[str, Any]) -> None:
+    """The smallest theta that plans made this way keep on the run's windows
+    (:func:`~rebalance.core.backtest.advise.advise`, ``facts["attainable_theta"]``); one
+    reason when the run's theta is out of reach. The gain gate still decides: a plan that
+    beats staying is applied, one that does not is not (no churn)."""
+    try:
+        advice = advise(history, float(p.theta), dataclasses.replace(policy, theta_plan=None),
+                        target=p.headroom_target, params=params, initial=current)
+    except BacktestError:
+        return
+    facts["attainable_theta"] = advice.attainable
+    if advice.reachable:
+        return
+    best = advice.attainable
+    reasons.append(f"theta {p.theta:g} is out of reach on these {history.n_windows} windows: "
+                   f"plans keep {advice.at_theta.share_within:.0%} of the following windows "
+                   f"within 1 + theta (target {p.headroom_target:.0%}); "
+                   + (f"the smallest theta that holds: {best:g}" if best is not None else
+                      "no theta up to 2 holds"))
 
 
 def _choose(before: WindowHistory, current: np.ndarray, p: RunParams, base: PlanParams,
