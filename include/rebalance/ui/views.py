@@ -268,7 +268,3 @@ def realised_ratios(spark, windows: int = CHART_WINDOWS) -> dict[str, Any]:
         "default_theta": default_theta,
         "checks": sorted(checks, key=lambda c: c["window"] or ""),
     }
-
-
-#: The name before ``realised_ratios`` (``include/benchmarks/view_benchmark.py`` calls it).
-realised_imbalance = realised_ratios
