@@ -152,10 +152,8 @@ class Problem:
             sc = np.asarray(self.scenarios, dtype=np.float64)
             if sc.ndim != 2 or sc.shape[1] != k or sc.shape[0] < 1:
                 raise PlanningError(f"scenarios must have shape (S >= 1, {k}), got {sc.shape}")
-            with np.errstate(invalid="ignore"):
-                bad = ~np.isfinite(sc) | (sc < 0)
-            if bad.any():
-                s_i, k_i = (int(v[0]) for v in np.nonzero(bad))
+            if (bad := first_not_finite_or_negative(sc)) is not None:
+                s_i, k_i = bad
                 raise PlanningError(f"scenarios must be finite and >= 0: key {keys[k_i]!r} has "
                                     f"{float(sc[s_i, k_i])!r} in scenario {s_i}")
             object.__setattr__(self, "scenarios", sc)
@@ -290,6 +288,17 @@ class Metrics:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def first_not_finite_or_negative(matrix: np.ndarray) -> tuple[int, int] | None:
+    """(row, column) of the first entry of ``matrix`` that is NaN, infinite or < 0 (row
+    by row); None when every entry is finite and >= 0."""
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(matrix) | (matrix < 0)
+    if not bad.any():
+        return None
+    row, column = (int(v[0]) for v in np.nonzero(bad))
+    return row, column
 
 
 def imbalance(loads: np.ndarray, active: np.ndarray | None = None):

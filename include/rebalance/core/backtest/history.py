@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from rebalance.core.forecast import LoadModel, history_needed
+from rebalance.core.model import first_not_finite_or_negative
 
 BASELINES = ("none", "stay", "oracle", "distribution-oracle")
 
@@ -53,10 +54,8 @@ class WindowHistory:
             if arr.shape != (t, k):
                 raise BacktestError(f"{name} must have shape (windows {t}, keys {k}), "
                                     f"got {arr.shape}")
-            with np.errstate(invalid="ignore"):
-                bad = ~np.isfinite(arr) | (arr < 0)
-            if bad.any():
-                w, j = (int(v[0]) for v in np.nonzero(bad))
+            if (bad := first_not_finite_or_negative(arr)) is not None:
+                w, j = bad
                 raise BacktestError(f"{name} must be finite and >= 0: key {self.keys[j]!r} has "
                                     f"{float(arr[w, j])!r} in window {self.window_starts[w]}")
         n = self.n_instances
