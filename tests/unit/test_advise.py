@@ -115,3 +115,11 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path, capsys, argv, messa
     assert cli.main(["advise", str(path), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_until_one_holds_tries_theta_then_larger_ones_and_stops_at_the_first_that_holds():
+    h = _history([[4, 1, 0.5, 0.5]] * 6)          # holds from 0.5 on (first test)
+    a = advise(h, 0.1, Policy.of("mean:windows=1"), thetas=GRID, until_one_holds=True)
+    assert list(a.table["theta"]) == [0.1, 0.25, 0.5] and a.attainable == 0.5
+    held = advise(h, 0.5, Policy.of("mean:windows=1"), thetas=GRID, until_one_holds=True)
+    assert list(held.table["theta"]) == [0.5] and held.reachable

@@ -202,7 +202,8 @@ def _theta_in_reach(history: WindowHistory, policy: Policy, p: RunParams, params
     beats staying is applied, one that does not is not (no churn)."""
     try:
         advice = advise(history, float(p.theta), dataclasses.replace(policy, theta_plan=None),
-                        target=p.headroom_target, params=params, initial=current)
+                        target=p.headroom_target, params=params, initial=current,
+                        until_one_holds=True)
     except BacktestError:
         return
     facts["attainable_theta"] = advice.attainable

@@ -112,10 +112,15 @@ class Advice:
 
 def advise(history: WindowHistory, theta: float, policy: Policy, target: float = ADVISE_TARGET,
            thetas: Sequence[float] | None = None, horizon: int = 1,
-           params: PlanParams | None = None, initial: np.ndarray | None = None) -> Advice:
+           params: PlanParams | None = None, initial: np.ndarray | None = None,
+           until_one_holds: bool = False) -> Advice:
     """Backtest ``policy`` over ``history`` from ``initial`` at ``theta`` and at each of
     ``thetas`` (default :data:`ADVISE_THETAS`), each plan judged on the ``horizon``
-    windows after it against staying (:func:`~rebalance.core.backtest.backtest`)."""
+    windows after it against staying (:func:`~rebalance.core.backtest.backtest`).
+
+    ``until_one_holds`` (the DAG's cheap question): ``theta`` first, then the larger
+    thetas in increasing order, stopping at the first that holds; the table then has only
+    the thetas tried."""
     if problem := theta_problem(theta):
         raise BacktestError(problem)
     if isinstance(target, bool) or not isinstance(target, (int, float)) \
@@ -131,7 +136,10 @@ def advise(history: WindowHistory, theta: float, policy: Policy, target: float =
     t0 = time.perf_counter()
     current = history.default if initial is None else np.asarray(initial, dtype=np.int64)
     rows = []
-    for value in sorted({round(float(v), 12) for v in [*grid, theta]}):
+    order = sorted({round(float(v), 12) for v in [*grid, theta]})
+    if until_one_holds:
+        order = [round(float(theta), 12)] + [v for v in order if v > theta]
+    for value in order:
         result = backtest(history, [policy], value, horizon=horizon, baselines=(),
                           params=params, initial=current)
         mine = result.row(policy.name)
@@ -143,7 +151,10 @@ def advise(history: WindowHistory, theta: float, policy: Policy, target: float =
                      float(mine.mean_imbalance),
                      float(stay.mean()) if len(stay) else math.nan,
                      float(mine.migration_per_step), int(mine.steps), int(mine.windows)))
-    table = pd.DataFrame(rows, columns=list(ADVICE_COLUMNS))
+        if until_one_holds and rows[-1][1] >= target - 1e-12:
+            break
+    table = pd.DataFrame(rows, columns=list(ADVICE_COLUMNS)).sort_values(
+        "theta", ignore_index=True)
     if table["windows"].max() == 0 or math.isnan(float(table["share_within"].iloc[0])):
         raise BacktestError("no window was judged: store more windows")
     return Advice(float(theta), float(target), policy.name, table, time.perf_counter() - t0)
