@@ -282,3 +282,18 @@ def test_tables_scroll_in_their_own_box_and_commits_are_one_line_each():
     summary = commits.split("<summary>")[1].split("</summary>")[0]
     assert summary == pages.commit_summary(meta) and "{" not in summary
     assert '<details class="meta">' in commits and "&#34;moved_keys&#34;: 12" in commits
+
+
+def test_an_unreachable_theta_shows_the_theta_that_holds_beside_it():
+    out = {**row, "theta": 0.05, "attainable_theta": 0.7,
+           "backtest": {"planned": 1.4, "staying": 1.5, "attainable_theta": 0.7}}
+    index = pages.render_index(loads, realised, [out, dict(row, attainable_theta=0.1)],
+                               versions, HEALTH)
+    table = index.split('<table id="plans">')[1].split("</table>")[0]
+    assert table.count("holds 0.7") == 1 and "holds 0.1" not in table
+    plan_page = pages.render_plan({**plan, **out})
+    assert ("theta 0.05 is out of reach on the run's windows: the smallest theta plans "
+            "keep there is 0.7") in plan_page
+    kept = pages.render_plan({**plan, "backtest": {"attainable_theta": 0.1}, "theta": 0.1})
+    assert "plans keep theta on the run" in kept and "out of reach" not in kept
+    assert 'id="attainable"' not in pages.render_plan({**plan, "backtest": {}})

@@ -75,7 +75,7 @@ def _plan_records(spark) -> tuple:
 PLAN_COLUMNS = (
     "plan_id", "status", "method", "run_type", "created_at", "imbalance_before",
     "predicted_imbalance", "backtested_imbalance", "staying_imbalance", "realised_imbalance",
-    "theta", "theta_plan", "load_model", "migration_fraction", "migration_bytes",
+    "theta", "attainable_theta", "theta_plan", "load_model", "migration_fraction", "migration_bytes",
     "moved_keys", "table_size", "lower_bound_migration_fraction", "base_assignment_version",
     "assignment_version", "dag_id", "run_id")
 
@@ -105,6 +105,7 @@ def plan_row(record: PlanRecord) -> dict[str, Any]:
         "staying_imbalance": bt.get("staying"),
         "realised_imbalance": record.realised_imbalance,
         "theta": record.params.get("theta"),
+        "attainable_theta": bt.get("attainable_theta"),
         "theta_plan": bt.get("theta_plan"),
         "load_model": bt.get("load_model"),
         "backtest": bt,
