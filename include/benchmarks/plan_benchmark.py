@@ -58,9 +58,9 @@ import sys
 import time
 from pathlib import Path
 
-from rebalance.core.methods import METHODS
+from rebalance.core.planner_names import METHODS
 
-ALL_PLANNERS = METHODS  # every planner of the registry (rebalance.core.methods: numpy-free)
+ALL_PLANNERS = METHODS  # every planner of the registry (rebalance.core.planner_names: numpy-free)
 W003 = 10  # rebalance.core.synthetic.SLIDING_STATE_WINDOW (not imported: the parent stays numpy-free)
 _A = dict(n_keys=10_000, n_instances=15, zipf=0.85, fluctuation=1.0, theta=0.08, max_table=3000,
           intervals=50, quick_intervals=10, state_window=W003)

@@ -23,7 +23,7 @@ for name in ("rebalance.core.model", "rebalance.core.bounds", "rebalance.core.pl
              "rebalance.control.validation", "rebalance.core.trigger", "rebalance.core.planners",
              "rebalance.core.records", "rebalance.control.params", "rebalance.control.inputs",
              "rebalance.control.tasks", "rebalance.control.rollout", "rebalance.control.rollback",
-             "rebalance.core.methods", "rebalance.cli.apply", "rebalance.cli"):
+             "rebalance.core.planner_names", "rebalance.cli.apply", "rebalance.cli"):
     importlib.import_module(name)
 from rebalance.core.planners import METHODS, get_planner
 for method in METHODS:

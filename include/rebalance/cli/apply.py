@@ -111,8 +111,8 @@ def check_plan_document(document: Any, where: Path) -> dict[str, Any]:
     range (one line naming the field and value): any JSON value may arrive here."""
     from rebalance.cli import UserError
     from rebalance.cli.plan import FORMAT_VERSION
-    from rebalance.core.methods import METHODS
     from rebalance.core.model import MAX_INSTANCES
+    from rebalance.core.planner_names import METHODS
 
     def bad(field: str, value: Any, expected: str) -> UserError:
         if value is _MISSING:

@@ -91,7 +91,7 @@ def parse_policy(spec: str, theta: float, history: int):
     from rebalance.cli import UserError
     from rebalance.core.backtest import Policy
     from rebalance.core.forecast import LoadModel, LoadModelError, history_needed
-    from rebalance.core.methods import METHODS
+    from rebalance.core.planner_names import METHODS
 
     text, _, method = spec.partition("/")
     method = method.strip() or "mixed"

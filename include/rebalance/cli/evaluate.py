@@ -128,7 +128,7 @@ def _check(args) -> None:
         if min(keys) < 1 or max(keys) > MAX_SCALE_KEYS:
             raise UserError(f"--keys must be within [1, {MAX_SCALE_KEYS}], got {args.keys!r}")
         if args.planners is not None:
-            from rebalance.core.methods import METHODS
+            from rebalance.core.planner_names import METHODS
 
             names = [m.strip() for m in args.planners.split(",")]
             unknown = [m for m in names if m not in METHODS]

@@ -41,7 +41,7 @@ from typing import Any
 
 from rebalance.cli.load_model import add_plan_arguments, check_plan_arguments, load_for_plan
 from rebalance.core.defaults import DEFAULT_THETA, theta_problem
-from rebalance.core.methods import METHODS
+from rebalance.core.planner_names import METHODS
 
 PLAN_FILE = "plan.json"
 ASSIGNMENT_FILE = "assignment.parquet"

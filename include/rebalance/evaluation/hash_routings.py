@@ -2,9 +2,10 @@
 
 None of these keeps one instance per key in a table; each routes every tuple by hash
 functions of the key's integer id (:func:`key_ids`), so they live in the evaluation
-harness as functions (replayed next to the planners by :mod:`rebalance.evaluation.runner`),
-not in the planner registry of :mod:`rebalance.core.methods` (``rebalance plan`` cannot apply
-a routing that splits keys). :func:`route_by_choices` models their per-tuple greedy on histograms.
+harness as functions (replayed next to the planners by
+:mod:`rebalance.evaluation.runner`), not in the planner registry of
+:mod:`rebalance.core.planner_names` (``rebalance plan`` cannot apply a routing that splits
+keys). :func:`route_by_choices` models their per-tuple greedy on histograms.
 
 * **UHLB** (the ELB/CLB paper, Sec. 5): one hash drawn from a 2-universal family.
 * **PKG** (partial key grouping, Nasir et al., arXiv 1504.00788): every key has two

@@ -162,7 +162,7 @@ def run_scale(workdir: Path, keys: Sequence[int] = SCALE_KEYS,
     Unknown methods or placements and a ``workdir`` that is a file are refused
     (``ValueError``) before any input is generated: an unknown method would otherwise
     give a row of NaN per run."""
-    from rebalance.core.methods import METHODS
+    from rebalance.core.planner_names import METHODS
 
     unknown = [m for m in methods if m not in METHODS]
     if unknown:

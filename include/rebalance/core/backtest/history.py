@@ -125,7 +125,7 @@ class Policy:
     history: int = 1
 
     def __post_init__(self) -> None:
-        from rebalance.core.methods import METHODS
+        from rebalance.core.planner_names import METHODS
 
         if isinstance(self.load_model, str):
             object.__setattr__(self, "load_model", LoadModel.parse(self.load_model))

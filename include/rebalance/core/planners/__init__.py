@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from rebalance.core.methods import _REGISTRY, METHODS
 from rebalance.core.model import PlanningError
+from rebalance.core.planner_names import _REGISTRY, METHODS
 from rebalance.core.planners.base import Planner, Proposal, finish_plan
 
 
