@@ -17,6 +17,19 @@ counts the Spark jobs that server ran between each run's ``windows`` start and i
 
 Targets: windows -> publish <= 10 s end to end, no task above 5 s, at most 20
 Spark jobs per run.
+
+``--first-plan N`` measures something else, issue 40's goal (a verified plan within
+3 minutes of ``make up``): N times, from a stopped service, ``make up`` on a fresh data
+folder and Airflow home of its own (``--fresh-root``, default ``.data/first-plan``:
+``run-<i>/data`` and ``run-<i>/airflow``, removed first; the service's own ``.data`` and
+``.airflow`` are not touched), timed from the moment ``make up`` starts to the first plan
+whose status is ``verified`` (the ``plans`` table, read through delta-rs every second),
+with the moments between (``make up`` returned, the job's first window stored) and every
+DAG run until then (type, data interval, start, its ``windows`` / ``apply`` / ``verify``
+ends, a skip's reason); then ``make down`` and a check that nothing of it is left.
+
+    make down
+    .venv/bin/python include/benchmarks/service_benchmark.py --first-plan 3
 """
 
 from __future__ import annotations
@@ -24,9 +37,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import threading
+import time
 import urllib.request
+from pathlib import Path
 
 from rebalance.ops.airflow_client import AirflowClient
 
@@ -74,6 +93,132 @@ def trigger_and_wait(client: AirflowClient, dag_id: str, conf: dict, timeout: fl
     return run_id
 
 
+# ------------------------------------------------------------- --first-plan
+def _stored() -> tuple[int, list[dict]]:
+    """Windows in ``key_histograms`` and the plans (status, run) stored so far, through
+    delta-rs in this process (``REBALANCE_DATA_DIR`` says where)."""
+    from rebalance.spark import tables
+    from rebalance.spark.plan_store import PlanStore
+
+    windows = 0
+    if tables.exists(None, tables.KEY_HISTOGRAMS):
+        pdf = tables.read_pandas(None, tables.KEY_HISTOGRAMS, columns=["window_start"])
+        windows = 0 if pdf is None else int(pdf["window_start"].nunique())
+    try:
+        plans = [{"plan_id": r.plan_id, "status": r.status, "run_id": r.run_id}
+                 for r in PlanStore(None).plans()]
+    except Exception:  # noqa: BLE001 - the table is not created yet
+        plans = []
+    return windows, plans
+
+
+def _run_timeline(client: AirflowClient, dag_id: str, t0: float) -> list[str]:
+    """Every run of ``dag_id`` so far, oldest first, its moments in seconds after ``t0``."""
+    def at(text: str | None) -> str:
+        return "-" if not text else f"{_t(text).timestamp() - t0:.0f}"
+
+    got = client.get(f"/api/v2/dags/{dag_id}/dagRuns?order_by=run_after&limit=50")
+    lines = []
+    for run in got["dag_runs"]:
+        tis = client.task_instances(dag_id, run["dag_run_id"])
+        ends = ", ".join(f"{t} {tis[t]['state']} at {at(tis[t].get('end_date'))}"
+                         for t in ("windows", "detect", "plan", "apply", "verify")
+                         if t in tis and tis[t].get("state"))
+        reasons = client.skip_reasons(dag_id, run["dag_run_id"], tis)
+        lines.append(f"{run['run_type']} run [{run.get('data_interval_start')}, "
+                     f"{run.get('data_interval_end')}) created {at(run.get('queued_at'))}, "
+                     f"started {at(run.get('start_date'))}: {ends}"
+                     + "".join(f"; {t} skipped: {r[:160]}" for t, r in reasons.items()))
+    return lines
+
+
+def _leftovers(root: Path) -> list[str]:
+    """Processes whose command line names ``root`` (what ``make down`` must have stopped)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(root) in line and "ps -eo" not in line]
+
+
+def first_plan(i: int, root: Path, timeout: float, dag_id: str) -> dict[str, float | None]:
+    """One ``make up`` from a stopped service on a fresh folder: seconds from its start to
+    ``make up`` returning, the first window stored and the first verified plan."""
+    from rebalance.ops.service import Service, Settings
+
+    if root.exists():
+        shutil.rmtree(root)
+    (root / "data").mkdir(parents=True)
+    env = {**os.environ, "REBALANCE_DATA_DIR": str(root / "data"),
+           "AIRFLOW_HOME": str(root / "airflow")}
+    os.environ.update({k: env[k] for k in ("REBALANCE_DATA_DIR", "AIRFLOW_HOME")})
+    log = (root / "make-up.log").open("w")
+    moments: dict[str, float | None] = {"make up returned": None, "first window": None,
+                                        "verified": None}
+    t0 = time.time()
+    proc = subprocess.Popen(["make", "up"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, cwd=Path(__file__).resolve().parents[2])
+
+    def follow() -> None:
+        for line in proc.stdout:
+            log.write(f"{time.time() - t0:7.1f} {line}")
+            log.flush()
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    verified = None
+    try:
+        while time.time() - t0 < timeout:
+            if moments["make up returned"] is None and proc.poll() is not None:
+                moments["make up returned"] = time.time() - t0
+                if proc.returncode != 0:
+                    raise SystemExit(f"run {i}: make up failed (exit {proc.returncode}); "
+                                     f"see {root / 'make-up.log'}")
+            try:
+                windows, plans = _stored()
+            except Exception:  # noqa: BLE001 - a table being created
+                windows, plans = 0, []
+            if windows and moments["first window"] is None:
+                moments["first window"] = time.time() - t0
+            verified = next((p for p in plans if p["status"] == "verified"), None)
+            if verified:
+                moments["verified"] = time.time() - t0
+                break
+            time.sleep(1.0)
+        service = Service(Settings())
+        client = AirflowClient(service.s.api_url, *service.login())
+        print(f"run {i}: " + ", ".join(
+            f"{k} {'-' if v is None else f'{v:.0f} s'}" for k, v in moments.items())
+            + (f" (plan {verified['plan_id']}, {verified['run_id']})" if verified else ""),
+            flush=True)
+        for line in _run_timeline(client, dag_id, t0):
+            print(f"    {line}", flush=True)
+    finally:
+        proc.wait()
+        reader.join(5)
+        subprocess.run(["make", "down"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                       cwd=Path(__file__).resolve().parents[2])
+        log.close()
+        left = _leftovers(root)
+        if left:
+            print(f"run {i}: still running after make down:\n" + "\n".join(left),
+                  file=sys.stderr)
+    return moments
+
+
+def first_plans(runs: int, fresh_root: Path, timeout: float, dag_id: str) -> int:
+    rows = [first_plan(i + 1, fresh_root / f"run-{i + 1}", timeout, dag_id)
+            for i in range(runs)]
+    print("\n| run | make up returned (s) | first window (s) | first verified plan (s) |")
+    print("|---|---|---|---|")
+    for i, m in enumerate(rows):
+        print(f"| {i + 1} | " + " | ".join("-" if v is None else f"{v:.0f}"
+                                          for v in m.values()) + " |")
+    done = [m["verified"] for m in rows if m["verified"] is not None]
+    if not done:
+        print("no run verified a plan within the timeout", file=sys.stderr)
+        return 1
+    print(f"\nmake up -> first verified plan: median {statistics.median(done):.0f} s, worst "
+          f"{max(done):.0f} s ({len(done)} of {runs} runs verified one within {timeout:.0f} s)")
+    return 0 if len(done) == runs else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     from rebalance.ops.service import Service
 
@@ -85,7 +230,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dag-id", default="rebalance")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--spark-ui", help="the Spark Connect server's UI, e.g. http://127.0.0.1:4050")
+    p.add_argument("--first-plan", type=int, metavar="N",
+                   help="N times: make up from a stopped service on a fresh folder, timed to "
+                        "the first verified plan, then make down")
+    p.add_argument("--fresh-root", type=Path, default=Path(".data/first-plan"),
+                   help="--first-plan: the folder of each run's data and Airflow home")
     args = p.parse_args(argv)
+    if args.first_plan:
+        return first_plans(args.first_plan, args.fresh_root.resolve(),
+                           args.timeout if args.timeout != 600 else 900, args.dag_id)
 
     service = Service()
     user, password = service.login()

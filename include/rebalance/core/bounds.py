@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
+from rebalance.core.float_tolerances import CHECK_TOL, LOAD_TOL
 from rebalance.core.model import Problem
-from rebalance.core.tolerance import CHECK_TOL, LOAD_TOL
 
 #: First prefix (keys) tried per overloaded instance; grown 4x until it covers the excess.
 _FIRST_PREFIX = 256

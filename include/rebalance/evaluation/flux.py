@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from rebalance.core.float_tolerances import CHECK_TOL, LOAD_TOL
 from rebalance.core.model import PlanParams, Problem
 from rebalance.core.planners.base import Planner, Proposal
 from rebalance.core.planners.packing import place_forced
-from rebalance.core.tolerance import CHECK_TOL, LOAD_TOL
 
 
 class FluxPlanner(Planner):

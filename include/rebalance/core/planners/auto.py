@@ -21,10 +21,10 @@ import time
 import numpy as np
 
 from rebalance.core.bounds import knapsack_covers
+from rebalance.core.float_tolerances import CHECK_TOL, LOAD_TOL
 from rebalance.core.model import Plan, PlanParams, Problem
 from rebalance.core.planners.base import Planner, Proposal, finish_plan
 from rebalance.core.planners.table_fit import fit_table
-from rebalance.core.tolerance import CHECK_TOL, LOAD_TOL
 
 #: Mixed or the cover plan within this fraction above the integer lower bound: stop.
 GOOD_ENOUGH = 0.02

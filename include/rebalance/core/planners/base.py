@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rebalance.core.bounds import cover_lower_bound, migration_lower_bound, table_cannot_bind
+from rebalance.core.float_tolerances import CHECK_TOL, LOAD_TOL
 from rebalance.core.model import Metrics, Plan, PlanParams, Problem, evaluate
-from rebalance.core.tolerance import CHECK_TOL, LOAD_TOL
 
 
 @dataclass

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rebalance.core.float_tolerances import LOAD_TOL
 from rebalance.core.model import PlanParams, Problem
 from rebalance.core.placement import key_groups
 from rebalance.core.planners.base import Planner, Proposal
 from rebalance.core.planners.packing import heaviest_first
-from rebalance.core.tolerance import LOAD_TOL
 
 
 @dataclass(frozen=True)

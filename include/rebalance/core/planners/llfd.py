@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rebalance.core.float_tolerances import LOAD_TOL
 from rebalance.core.model import PlanParams, Problem
 from rebalance.core.planners.base import Planner, Proposal
 from rebalance.core.planners.compact import CompactKeys, Psi, resolution_bits
-from rebalance.core.tolerance import LOAD_TOL
 
 LOOP_CAP_PER_RECORD = 16
 """Candidates popped per record (plus a constant) before ADJUST stops."""

@@ -14,8 +14,8 @@ import heapq
 
 import numpy as np
 
+from rebalance.core.float_tolerances import LOAD_TOL
 from rebalance.core.model import Problem
-from rebalance.core.tolerance import LOAD_TOL
 
 
 def heaviest_first(load: np.ndarray, items: np.ndarray, instances,

@@ -18,8 +18,8 @@ import heapq
 
 import numpy as np
 
+from rebalance.core.float_tolerances import LOAD_TOL
 from rebalance.core.model import PlanParams, Problem
-from rebalance.core.tolerance import LOAD_TOL
 
 #: Loop cap of LLFD per candidate key (as :mod:`rebalance.core.planners.llfd`).
 LOOP_CAP_PER_KEY = 20

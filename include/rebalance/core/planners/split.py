@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rebalance.core.float_tolerances import CHECK_TOL
 from rebalance.core.model import Metrics, Plan, PlanningError, PlanParams, Problem, imbalance
-from rebalance.core.tolerance import CHECK_TOL
 
 #: Rounds of "one more share per split key" after the first expanded plan.
 MAX_ROUNDS = 3

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rebalance.core.float_tolerances import LOAD_TOL
 from rebalance.core.model import PlanParams, Problem
-from rebalance.core.tolerance import LOAD_TOL
 
 
 def fit_table(problem: Problem, params: PlanParams,

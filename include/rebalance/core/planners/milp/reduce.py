@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rebalance.core.float_tolerances import LOAD_TOL
 from rebalance.core.model import Problem
 from rebalance.core.planners.milp.setting import (
     BIN_GAP,
@@ -21,7 +22,6 @@ from rebalance.core.planners.milp.setting import (
     _Setting,
     _Units,
 )
-from rebalance.core.tolerance import LOAD_TOL
 
 
 def _reduce(problem: Problem, s: _Setting, max_keys: int, theta: float,

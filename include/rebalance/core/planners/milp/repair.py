@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from rebalance.core.float_tolerances import LOAD_TOL
 from rebalance.core.model import PlanParams, Problem
 from rebalance.core.planners.milp.setting import FORCED, PINNED, TOL, _Model, _Reservoir, _Setting, _Units
 from rebalance.core.planners.packing import heaviest_first
 from rebalance.core.planners.table_fit import fit_table
-from rebalance.core.tolerance import LOAD_TOL
 
 
 def _assignment(problem: Problem, units: _Units, s: _Setting,

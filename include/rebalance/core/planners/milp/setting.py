@@ -13,8 +13,8 @@ import numpy as np
 import pulp
 
 from rebalance.core.bounds import migration_lower_bound
+from rebalance.core.float_tolerances import CHECK_TOL
 from rebalance.core.model import PlanParams, Problem
-from rebalance.core.tolerance import CHECK_TOL
 
 W1, W2 = 100.0, 1.0          # Madsen et al.'s weights of d and of d_u + d_l; w1 > 2 * w2
 DISTANCE_WEIGHT = 1e-4       # lambda: the paper's load distance as a tie-breaker

@@ -1,4 +1,6 @@
-"""The two relative tolerances of the planning core, each with its one job.
+"""The two relative tolerances of the planning core's float comparisons, each with its one job.
+
+Not the imbalance bound theta, nor the DAG's ``verify_tolerance``: these absorb rounding.
 
 * :data:`LOAD_TOL` (1e-12): a planner comparing its own loads with a bound (L_max, a
   level, an excess to shed). Sums of the same float loads in another order differ by a
