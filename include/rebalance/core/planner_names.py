@@ -12,9 +12,9 @@ _REGISTRY = {
     "elb": "elb:ElbPlanner",
     "clb": "clb:ClbPlanner",
     "milp": "milp:MilpPlanner",
-    "mintable": "llfd:MinTablePlanner",
-    "minmig": "llfd:MinMigPlanner",
-    "mixed": "llfd:MixedPlanner",
+    "mintable": "table_migration:MinTablePlanner",
+    "minmig": "table_migration:MinMigPlanner",
+    "mixed": "table_migration:MixedPlanner",
     "greedy": "greedy:GreedyPlanner",
     "auto": "auto:AutoPlanner",
 }

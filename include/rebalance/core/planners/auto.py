@@ -70,7 +70,7 @@ class AutoPlanner(Planner):
     cover_bound = True
 
     def propose(self, problem: Problem, params: PlanParams) -> Proposal:
-        from rebalance.core.planners.llfd import MixedPlanner
+        from rebalance.core.planners.table_migration import MixedPlanner
 
         t0 = time.perf_counter()
         if problem.scenarios is not None:

@@ -1,13 +1,13 @@
 """Fang et al.'s compact representation (Sec. IV-A, IV-B) for the LLFD engine.
 
-Keys are grouped into records that :mod:`rebalance.core.planners.llfd` moves as contiguous
-slices, so planning runs on records instead of millions of keys; psi (the key selection
-criterion) orders them. A record holds the keys with equal (current instance or "must
-move", default instance, cost level, state level). Unlike the paper's, levels are
-scale-free (the top ``bits`` bits of the mantissa; the exact values up to
-:data:`EXACT_KEYS` keys) and every record keeps its keys' exact loads as prefix sums, so
-every load LLFD compares with L_max is exact: discretisation only coarsens the order.
-Details: ``docs/planning.md``, "MinTable, MinMig and Mixed: design".
+Keys are grouped into records that the LLFD engine
+(:mod:`rebalance.core.planners.table_migration`) moves as contiguous slices, so planning
+runs on records instead of millions of keys; psi (the key selection criterion) orders them.
+A record holds the keys with equal (current instance or "must move", default instance, cost
+level, state level). Unlike the paper's, levels are scale-free (the top ``bits`` bits of the
+mantissa; the exact values up to :data:`EXACT_KEYS` keys) and every record keeps its keys'
+exact loads as prefix sums, so every load LLFD compares with L_max is exact: discretisation
+only coarsens the order. Details: ``docs/planning.md``, "MinTable, MinMig and Mixed: design".
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import numpy as np
 from rebalance.core.float_tolerances import LOAD_TOL
 from rebalance.core.model import PlanParams, Problem
 
-#: Loop cap of LLFD per candidate key (as :mod:`rebalance.core.planners.llfd`).
+#: Loop cap of LLFD per candidate key (as :mod:`rebalance.core.planners.table_migration`).
 LOOP_CAP_PER_KEY = 20
 #: ADJUST and the exchanges look at this many instances, those with the lowest peak
 #: (the backtest plans hundreds of times; the others rarely have room).

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers_llfd import D1, D2, random_problem, reference_llfd, table_of, worked_example
+from helpers_table_migration import D1, D2, random_problem, reference_llfd, table_of, worked_example
 
 from rebalance.core.model import PlanParams, Problem
 from rebalance.core.planners import get_planner
 from rebalance.core.planners.compact import CompactKeys, Psi, value_levels
-from rebalance.core.planners.llfd import packing_bound, run_llfd
+from rebalance.core.planners.table_migration import packing_bound, run_llfd
 
 TINY = PlanParams(theta=1e-9)
 

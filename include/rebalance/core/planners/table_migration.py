@@ -1,17 +1,14 @@
-"""MinTable, MinMig and Mixed of Fang et al. over one LLFD engine.
+"""Plans within L_max that trade routing-table size against moved state: MinTable, MinMig, Mixed.
 
-The paper routes a key by a routing table when it has an entry, else by its hash
-(``problem.default``), and minimises the migrated state subject to ``max load <= L_max``
-and a table of at most A_max keys. Each heuristic runs three phases: I. clean (send some
-table keys back to their default instance), II. prepare (detach keys in psi order from
-every instance above L_max into the candidate set C), III. LLFD (place candidates by
-decreasing load on the least-loaded instance that fits, else ADJUST: swap out strictly
-lighter keys). MinTable cleans every table key, psi = load; MinMig cleans nothing, psi =
-gamma = c^beta / S; Mixed cleans the n smallest-state table keys, n grown until the table
-fits A_max. The phases, the fixes beyond the printed algorithms and the choices for
-drained instances, keys heavier than L_max and budgets: ``docs/planning.md``, "MinTable,
-MinMig and Mixed: design". The compact representation is
-:mod:`rebalance.core.planners.compact`.
+Fang et al.'s three heuristics over one LLFD engine. A key goes by the routing table when it
+has an entry, else by its hash (``problem.default``); each heuristic minimises the moved
+state subject to ``max load <= L_max`` and a table of at most A_max keys, in three phases:
+I. clean (send table keys back to their default instance), II. prepare (detach keys from
+instances above L_max into the candidates), III. LLFD (place candidates heaviest first on
+the least-loaded instance that fits, else ADJUST). MinTable cleans every table key, MinMig
+none, Mixed the fewest smallest-state keys that make the table fit A_max. The phases, psi,
+the fixes to the paper and the choices made: ``docs/planning.md``, "MinTable, MinMig and
+Mixed: design"; the records the engine moves: :mod:`rebalance.core.planners.compact`.
 """
 
 from __future__ import annotations
