@@ -9,8 +9,8 @@ form, the CLI's ``--method`` choices and the benchmarks list the methods from
 _REGISTRY = {
     "hash": "baselines:HashPlanner",
     "lpt": "baselines:LptPlanner",
-    "elb": "elb:ElbPlanner",
-    "clb": "clb:ClbPlanner",
+    "elb": "eager_groups:ElbPlanner",
+    "clb": "correlated_groups:ClbPlanner",
     "milp": "milp:MilpPlanner",
     "mintable": "table_migration:MinTablePlanner",
     "minmig": "table_migration:MinMigPlanner",

@@ -10,13 +10,13 @@ from helpers_milp import make_problem
 
 from rebalance.core.model import PlanningError, PlanParams
 from rebalance.core.planners import get_planner
-from rebalance.core.planners.clb import (
+from rebalance.core.planners.correlated_groups import (
     correlation,
     correlation_split,
     map_sets_to_instances,
     min_cost_assignment,
 )
-from rebalance.core.planners.elb import KeyGroups
+from rebalance.core.planners.eager_groups import KeyGroups
 
 
 def plan(problem, theta=0.1, **options):

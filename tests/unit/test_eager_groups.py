@@ -8,7 +8,7 @@ from helpers_milp import make_problem, zipf_problem
 from rebalance.core.model import PlanParams
 from rebalance.core.placement import key_groups
 from rebalance.core.planners import get_planner
-from rebalance.core.planners.elb import KeyGroups, balance
+from rebalance.core.planners.eager_groups import KeyGroups, balance
 
 
 def plan(problem, theta=0.5):

@@ -1,13 +1,13 @@
 """CLB planner: the ELB/CLB paper's correlation-based load balancing (Sec. 4, Algorithm 2), fixed.
 
-CLB plans for the next m windows at once from the per-window load series of each key
-group (``problem.load_series``, W x K, summed per group; key groups as in
-:mod:`rebalance.core.planners.elb`). Keys of one group always move together. The groups
-are split into one set per active instance by the Pearson correlation of their load
-series (threshold ``params.clb_threshold``, not ``theta``), an ELB pass balances the
-sets' loads, and each set goes to the instance that already holds most of its state.
-With fewer than two windows the planner falls back to ELB. The steps, with their fixes to
-the paper: ``docs/planning.md``, "ELB and CLB: design".
+CLB plans for the next m windows at once from the per-window load series of each key group
+(``problem.load_series``, W x K, summed per group; key groups as in
+:mod:`rebalance.core.planners.eager_groups`). Keys of one group always move together. The
+groups are split into one set per active instance by the Pearson correlation of their load
+series (threshold ``params.clb_threshold``, not ``theta``), an ELB pass balances the sets'
+loads, and each set goes to the instance that already holds most of its state. With fewer
+than two windows the planner falls back to ELB. The steps, with their fixes to the paper:
+``docs/planning.md``, "ELB and CLB: design".
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from rebalance.core.model import PlanParams, Problem
 from rebalance.core.planners.base import Planner, Proposal
-from rebalance.core.planners.elb import KeyGroups, balance, describe_balance, describe_groups
+from rebalance.core.planners.eager_groups import KeyGroups, balance, describe_balance, describe_groups
 
 
 class ClbPlanner(Planner):
