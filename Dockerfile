@@ -25,8 +25,8 @@ RUN REBALANCE_IVY_CACHE=/tmp/ivy-cache bash /opt/rebalance/include/scripts/fetch
         "$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
         --no-broker \
  && rm -rf /tmp/ivy-cache
-# The class-data archive every Spark JVM of the image maps (rebalance.spark.cds).
-RUN python -m rebalance.cli.cds
+# The class-data archive every Spark JVM of the image maps (rebalance.spark.class_data).
+RUN python -m rebalance.cli.class_data
 
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
 COPY --chown=airflow:0 plugins/ /opt/airflow/plugins/

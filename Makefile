@@ -74,10 +74,10 @@ $(JARS)/.complete: include/jars/ivy.xml include/jars/kafka-broker.ivy.xml includ
 	JAVA_HOME="$$($(PY) -m rebalance.spark.java)" bash include/scripts/fetch_jars.sh $(JARS) "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
 	touch $@
 
-# The class-data archive of the Spark JVMs (rebalance.spark.cds): built once per Java and
+# The class-data archive of the Spark JVMs (rebalance.spark.class_data): built once per Java and
 # pyspark (about 90 s), then every Spark JVM starts in about 2/3 of the time. Nothing to do when it exists.
 cds: $(JARS)/.complete
-	@JAVA_HOME="$$($(PY) -m rebalance.spark.java)" $(PY) -m rebalance.cli.cds
+	@JAVA_HOME="$$($(PY) -m rebalance.spark.java)" $(PY) -m rebalance.cli.class_data
 
 $(AIRFLOW_HOME)/.initialised: $(VENV)/.installed
 	mkdir -p $(AIRFLOW_HOME)

@@ -1,5 +1,5 @@
 """How long a fresh Spark driver takes to start and write Delta, with and without the
-class-data archive of ``make setup`` (rebalance.spark.cds).
+class-data archive of ``make setup`` (rebalance.spark.class_data).
 
     .venv/bin/python include/benchmarks/jvm_start_benchmark.py --runs 5
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.runs < 1:
         p.error(f"--runs must be at least 1, got {args.runs}")
-    from rebalance.spark.cds import archive_path
+    from rebalance.spark.class_data import archive_path
 
     if not archive_path().is_file():
         print(f"no class-data archive at {archive_path()}: run make setup", file=sys.stderr)

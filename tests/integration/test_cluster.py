@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from cds_checks import jvms, unmapped
+from class_data_checks import jvms, unmapped
 from service_helpers import Proc, free_port
 
 from rebalance.ops.processes import descendants
-from rebalance.spark.cds import java_options
+from rebalance.spark.class_data import java_options
 
 pytestmark = pytest.mark.slow
 

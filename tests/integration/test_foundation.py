@@ -96,7 +96,7 @@ def test_rebalance_help_runs_as_a_command():
 
 @pytest.mark.slow
 def test_the_session_jvm_maps_the_class_data_archive(spark):
-    from cds_checks import jvms, maps_archive
+    from class_data_checks import jvms, maps_archive
 
     pid = spark.sparkContext._gateway.proc.pid
     assert jvms([pid]) == {pid: "org.apache.spark.deploy.SparkSubmit"}

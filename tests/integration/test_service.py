@@ -150,7 +150,7 @@ def test_every_process_of_the_service_listens_on_loopback_only(service):
 
 
 def test_every_spark_jvm_of_the_service_maps_the_class_data_archive(service):
-    from cds_checks import jvms, unmapped
+    from class_data_checks import jvms, unmapped
 
     from rebalance.ops.processes import descendants as _children
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rebalance.ops.service import HOST, Component, Service, ServiceError, Settings, spark_home
-from rebalance.spark import cds
+from rebalance.spark import class_data
 from rebalance.spark.java import ensure_java_home
 from rebalance.spark.paths import data_dir
 
@@ -77,8 +77,8 @@ class Cluster:
                    SPARK_WORKER_DIR=str(self.s.dir / "work"),
                    # no REST submission server (it would listen on the fixed port 6066)
                    SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
-                   # the class-data archive of `make setup` (rebalance.spark.cds)
-                   SPARK_DAEMON_JAVA_OPTS=cds.java_options())
+                   # the class-data archive of `make setup` (rebalance.spark.class_data)
+                   SPARK_DAEMON_JAVA_OPTS=class_data.java_options())
         env.pop("SPARK_CONF_DIR", None)
         parts = [Component("spark-master", [
             spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,

@@ -317,7 +317,7 @@ def _connect_server(s: Settings, env: dict[str, str]) -> Component:
         "spark.driver.extraJavaOptions": (
             f"-Dlog4j2.configurationFile=file:{session.LOG4J_CONFIG} "
             f"-Drebalance.spark.log={s.logs / 'spark-connect-jvm.log'} "
-            f"-Dderby.system.home={s.data / 'derby'} {session.cds.java_options()}").strip(),
+            f"-Dderby.system.home={s.data / 'derby'} {session.class_data.java_options()}").strip(),
         "spark.pyspark.python": sys.executable,
         **session.parse_conf(os.environ.get("REBALANCE_SPARK_CONF")),  # as in every session
     }

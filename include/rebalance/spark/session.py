@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from rebalance.spark import cds
+from rebalance.spark import class_data
 from rebalance.spark.java import ensure_java_home
 from rebalance.spark.paths import data_dir, jars_dir
 
@@ -119,8 +119,8 @@ def session_conf(app_name: str, master: str | None = None,
         settings["spark.sql.shuffle.partitions"] = "4"
         settings["spark.databricks.delta.snapshotPartitions"] = str(SNAPSHOT_PARTITIONS)
         java_options.append(f"-Dderby.system.home={data / 'derby'}")
-    # The class-data archive of `make setup` (rebalance.spark.cds): the JVM starts faster.
-    archive = cds.java_options()
+    # The class-data archive of `make setup` (rebalance.spark.class_data): the JVM starts faster.
+    archive = class_data.java_options()
     settings["spark.driver.extraJavaOptions"] = " ".join(
         [*java_options, archive, submitted.get("spark.driver.extraJavaOptions", "")]).strip()
     if archive:  # a cluster's executors (same JARs; a local master starts none)

