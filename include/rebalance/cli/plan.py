@@ -4,27 +4,11 @@
                    [--theta T] [--max-table A] [--windows W] [--migration-budget B]
                    [--time-limit S] --out DIR
 
-Reads per-window key histograms (a Delta table directory, a Parquet file or directory,
-or a CSV file), aggregates the last W windows into a planning problem
-(:mod:`rebalance.core.histograms`), runs a planner of :mod:`rebalance.core.planners` and writes
-
-* ``DIR/plan.json``: parameters, input summary, metrics (all JSON numbers), feasibility,
-  method and notes;
-* ``DIR/assignment.parquet``: ``key`` (string), ``instance`` (int64), ``moved`` (bool) for
-  every key of the input (histogram keys and assignment-file keys).
-
-Both files are written to temporary names first and renamed into place, so a failure
-never leaves a half-written plan and bad input writes nothing at all. Bad input raises
-:class:`~rebalance.cli.UserError` (one line, exit code 2). Every argument is checked
-before any input is read: N at most :data:`rebalance.core.model.MAX_INSTANCES`, and ``--out``
-must be creatable (a directory is created and removed in its nearest existing
-ancestor). Warnings of the libraries are not printed: a refusal is exactly one line.
-
-``plan.json`` also records ``timings``: ``input_seconds`` (read, check, aggregate),
-``plan_seconds`` (the planner) and ``write_seconds``.
-
-cli.py registers the command with :func:`add_subcommands`; heavy imports (pyarrow,
-Spark) happen inside :func:`run_plan`, and pandas is not imported for Parquet input.
+Aggregates the last W windows of the histograms (Delta, Parquet or CSV) into a problem
+(:mod:`rebalance.core.histograms`), runs a planner of :mod:`rebalance.core.planners` and
+writes ``DIR/plan.json`` and ``DIR/assignment.parquet``, each renamed into place. Bad input
+raises :class:`~rebalance.cli.UserError` (one line, exit code 2) and writes nothing. Heavy
+imports happen inside :func:`run_plan`. Inputs, outputs and refusals: ``docs/planning.md``.
 """
 
 from __future__ import annotations

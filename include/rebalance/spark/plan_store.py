@@ -1,33 +1,11 @@
 """Delta tables of the control plane: plans, their assignment frames, and leases.
 
-Declared like the job's tables of :mod:`rebalance.spark.tables` (same :class:`Table`
-objects, same root, same helpers), so they can move there as they are:
-
-``plans``
-    One row per plan, keyed by ``plan_id``: ``status`` (:class:`PlanStatus`),
-    ``reasons`` (JSON list), ``method``, ``apply_mode``, ``dag_id``, ``run_id``,
-    ``run_type``, the data interval, ``params`` / ``metrics`` / ``inputs`` /
-    ``validation`` / ``verification`` as JSON strings, the assignment version the
-    plan was computed against (``base_assignment_version``) and the one it became
-    (``assignment_version``, the Delta version of its publish to ``assignments``),
-    predicted and realised imbalance.
-``plan_assignments``
-    The full assignment frame of every plan (the columns :mod:`rebalance.control.validation`
-    checks: key, instance, current, default, load, state, moved), written once.
-``control``
-    Named leases (``apply``: who may change the live assignment right now).
-
-Idempotency is Delta's own: every write about a plan carries ``txnAppId`` (the plan
-id) and a ``txnVersion`` that grows with its status (:data:`STATUS_ORDER`), so a
-retried step is skipped and adds no table version, and a step can never be written
-after a later one. Every commit carries ``userMetadata`` (JSON: action, dag id, run id,
-plan id, method, metrics, ...): the Delta history of ``plans`` and ``assignments`` is the
-audit log (:mod:`rebalance.cli.audit` prints it).
-
-The writes go through delta-rs in the calling process (no Spark job) when the table is
-local and has no writer features, as Spark creates these; through Spark otherwise. Both
-engines commit with Delta's optimistic concurrency: two runs writing at once conflict,
-and the loser re-reads and retries.
+``plans`` (one row per plan and its status), ``plan_assignments`` (each plan's assignment
+frame, written once) and ``control`` (named leases) are declared like the job's tables of
+:mod:`rebalance.spark.tables`. Every write about a plan is an idempotent Delta transaction
+(``txnAppId`` = plan id, ``txnVersion`` growing with :data:`STATUS_ORDER`) and carries
+``userMetadata``: the Delta history is the audit log (:mod:`rebalance.cli.audit`). Columns,
+idempotency and the write engines: ``docs/dag.md``, "Tables".
 
 >>> store = PlanStore(get_spark())                                    # doctest: +SKIP
 >>> store.get("3f2a9c...").status                                     # doctest: +SKIP

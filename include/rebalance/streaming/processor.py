@@ -1,45 +1,15 @@
 """The keyed stateful operator: per-key sliding windows and per-window histograms.
 
-The operator runs as ``groupBy("label").transformWithStateInPandas(...)`` in
-event-time mode: one grouping value per instance, so one call handles all the
-events an instance received in a micro-batch. Its state, per instance:
-
-* ``perkey`` (MapState, user key = the event key): the key's aggregates of the
-  windows it still needs (:class:`KeyWindows`), for the sliding count and sum
-  over the last ``w`` windows, and (with ``dedup``) the ids and event times of the
-  key's events still within the watermark;
-* ``perwindow`` (MapState, user key = window start): the instance's events,
-  load (sum of cost), operator time (wall-clock, and CPU time of the operator's
-  thread: robust when other processes share the cores) and duplicates dropped of
-  each open window;
-* an event-time timer at the end of each open window.
-
-Outputs, as rows of one union schema (``kind`` tells them apart):
-
-* ``result``: per key and window updated in the batch, the batch's events, the
-  window's running count and sum, and the sliding count and sum over the last
-  ``w`` windows ending at that window (later windows whose sliding aggregate
-  changed are emitted again, with ``events = 0``);
-* ``key_histogram`` / ``instance_histogram`` (with ``duplicates``): once per window, when the
-  watermark passes its end (window closed); a key's row also carries its ``sum`` of value
-  (the job's sink merges these rows into ``window_results``). Spark drops events older than the
-  watermark before they reach the operator (late events, reported as
-  ``numRowsDroppedByWatermark`` in the query progress), so a closed window never
-  changes and each histogram row is final.
-
-Duplicates (``dedup``, on by default): every copy of an event carries its key, so the
-operator sees all of them in the key's group. An event whose ``event_id`` the key's
-state holds (or that came earlier in the same batch) is dropped before anything counts
-it, and counted in the window's ``duplicates``. An id is kept while its event time plus
-the watermark delay is at or above the watermark (``dropDuplicatesWithinWatermark``'s
-rule); a later copy is late and Spark drops it before the operator anyway. The ids live
-in the key's state, so they move with the key in every state migration of a restart.
-The state layout is the same with dedup off (empty lists): switching it needs no new
-checkpoint.
-
-The pure helpers (:mod:`rebalance.streaming.key_state`: :class:`KeyWindows`,
-:func:`windows_to_emit`; and :func:`state_bytes` here) hold the window and duplicate
-arithmetic and are unit-tested without Spark.
+It runs as ``groupBy("label").transformWithStateInPandas(...)`` in event-time mode, one
+grouping value per instance. Per instance it keeps ``perkey`` (each key's aggregates of the
+windows it still needs, and with ``dedup`` the ids of its events within the watermark),
+``perwindow`` (each open window's events, load, operator time and duplicates) and a timer
+at each open window's end. It emits ``result`` rows (per key and window updated, with the
+sliding count and sum over the last ``w`` windows) and, once the watermark closes a window,
+its final ``key_histogram`` / ``instance_histogram`` rows. A duplicate ``event_id`` is
+dropped before anything counts it and counted in its window's ``duplicates``. In full:
+``docs/streaming.md``, "The operator's state and outputs" and "Duplicates"; the pure
+helpers are :mod:`rebalance.streaming.key_state`.
 """
 
 from __future__ import annotations
