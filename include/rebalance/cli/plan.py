@@ -240,10 +240,9 @@ def _run_plan(args: argparse.Namespace) -> int:
 def _no_huge_page_advice() -> None:
     """Stop numpy advising transparent huge pages for this process's large arrays.
 
-    With the kernel's THP ``defrag = madvise`` (this machine), every advised allocation
-    may compact memory synchronously: measured on the key sort of 10^7 keys, 1.6-2.0 s of
-    system time with the advice, 0.7 s without, same user time. The plan's arrays are
-    short-lived, so huge pages buy nothing here. (NUMPY_MADVISE_HUGEPAGE=0 does the same
+    With the kernel's THP ``defrag = madvise``, every advised allocation may compact
+    memory synchronously (the figures: ``docs/planning.md``, "Scale"). The plan's arrays
+    are short-lived, so huge pages buy nothing here. (NUMPY_MADVISE_HUGEPAGE=0 does the same
     but must be set before numpy is imported.)"""
     try:
         from numpy._core.multiarray import _set_madvise_hugepage

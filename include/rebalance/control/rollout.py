@@ -41,9 +41,9 @@ APPLY_LEASE_SECONDS = 600
 
 #: The job is taken for down when its ``results`` table has no commit for this long
 #: (``REBALANCE_JOB_STALE_SECONDS``). The job commits ``results`` on every micro-batch
-#: with events (every 10 s under ``make up``; 30-90 s measured on a loaded 2-core
-#: machine), so 5 minutes without one means it stopped, or no event arrives: either
-#: way a new routing would not be used or checked.
+#: with events (every 10 s under ``make up``, longer on a loaded machine:
+#: ``docs/reliability.md``), so 5 minutes without one means it stopped, or no event
+#: arrives: either way a new routing would not be used or checked.
 JOB_STALE_SECONDS = 300.0
 
 
@@ -59,8 +59,8 @@ def resolve_mode(apply_mode: str, migration_fraction: float | None = None,
     (:class:`rebalance.streaming.restart.RestartableJob`, which pins its assignment
     version) to stop, migrate the state of the moved keys and restart with the new
     version; :func:`await_restart` waits for its acknowledgement. ``auto`` weighs the
-    two: a restart pauses the whole job (7-12 s measured, ``docs/restart.md``)
-    to keep the moved keys' state; below :data:`AUTO_RESTART_ABOVE` the state dropped
+    two: a restart pauses the whole job (seconds: ``docs/restart.md``, "Pause per
+    restart") to keep the moved keys' state; below :data:`AUTO_RESTART_ABOVE` the state dropped
     is too small to be worth that pause (the plans of ``make demo`` and of the DAG
     tests move 1-2 % of the state).
     """

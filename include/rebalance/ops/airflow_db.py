@@ -4,9 +4,9 @@ Airflow imports these by name (``[database] sql_alchemy_connect_args`` and
 ``sql_alchemy_connect_args_async``, set by :func:`rebalance.ops.service.airflow_env`) in
 each of its processes. SQLite lets one connection write at a time; Python's default is to
 wait 5 s for that lock and then fail with "database is locked", which the api-server
-answers with HTTP 500. Under the service's load on a 2-core machine (the scheduler, the
-DAG processor, task runners and the api-server all write) one writer can hold the lock
-longer than that, so the service waits longer.
+answers with HTTP 500. Under the service's load (the scheduler, the DAG processor, task
+runners and the api-server all write) one writer can hold the lock longer than that, so
+the service waits longer.
 """
 
 from __future__ import annotations
