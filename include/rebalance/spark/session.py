@@ -1,27 +1,13 @@
 """The one Spark session factory used by every app, test and Airflow task.
 
-It configures, in increasing order of precedence:
-
-1. project defaults: Delta SQL extension and catalog, the RocksDB state store,
-   UTC session time zone, the venv's Python for workers, and ``local[*]`` as
-   master when nothing else names one;
-2. whatever ``spark-submit`` / ``spark-defaults.conf`` already set (so the
-   same apps run unchanged on a cluster);
-3. ``REBALANCE_SPARK_MASTER`` and ``REBALANCE_SPARK_CONF``
-   (``"key=value;key=value"``) from the environment;
-4. ``master=`` and ``conf=`` passed by the caller (e.g. from ``--conf`` flags).
-
-Delta JARs come from the project-local folder filled by ``make jars``
-(``REBALANCE_JARS_DIR``), or from ``spark.jars.packages`` when the user opts in
-with ``REBALANCE_SPARK_PACKAGES=1`` (needs network access to a Maven mirror).
-
-With ``REBALANCE_SPARK_REMOTE=sc://host:port`` (and no ``master=`` argument) it
-returns a Spark Connect session instead: the control plane's thin client of the
-Spark Connect server that ``make up`` starts. The same functions run on both.
-
-The driver JVM logs through ``log4j2.properties`` next to this module: Spark's
-INFO/WARN lines go to ``$REBALANCE_DATA_DIR/logs/spark-<app>.log``, only ERROR
-reaches stderr.
+Settings, lowest precedence first: the project's defaults (Delta, RocksDB state store, UTC,
+the venv's Python, ``local[*]`` when nothing names a master), whatever ``spark-submit`` /
+``spark-defaults.conf`` set, ``REBALANCE_SPARK_MASTER`` / ``REBALANCE_SPARK_CONF``, then the
+caller's ``master=`` and ``conf=``. Delta JARs come from ``.jars/`` (``REBALANCE_JARS_DIR``);
+with ``REBALANCE_SPARK_REMOTE=sc://host:port`` it returns a Spark Connect session instead.
+The driver JVM logs to ``$REBALANCE_DATA_DIR/logs/spark-<app>.log`` (only ERROR reaches
+stderr). Every variable and default: ``docs/cluster.md``, "The Spark session every app,
+test and task uses".
 
 >>> spark = get_spark("my-app", conf={"spark.sql.shuffle.partitions": "4"})  # doctest: +SKIP
 """
