@@ -29,8 +29,11 @@ def _option(argv, flag):
 
 def test_delta_service_has_no_broker_and_no_kafka_options(tmp_path):
     parts = components(_settings(tmp_path, source="delta"))
-    assert [c.name for c in parts] == ["spark-connect", "api-server", "scheduler",
-                                       "dag-processor", "triggerer", "generator", "job"]
+    # the generator and the job first (their windows are what every DAG run waits for);
+    # the job's readiness is awaited after Airflow's daemons started
+    assert [c.name for c in parts] == ["spark-connect", "generator", "job", "api-server",
+                                       "scheduler", "dag-processor", "triggerer"]
+    assert [c.name for c in parts if c.ready_later] == ["job"]
     for name in ("generator", "job"):
         argv = _argv(parts, name)
         assert not {"--sink", "--source", "--bootstrap-servers", "--topic"} & set(argv), argv
@@ -41,8 +44,8 @@ def test_delta_service_has_no_broker_and_no_kafka_options(tmp_path):
 def test_kafka_service_starts_a_broker_first_and_points_generator_and_job_at_it(tmp_path):
     s = _settings(tmp_path, source="kafka", kafka_port=19192, topic="ev")
     parts = components(s)
-    assert [c.name for c in parts] == ["kafka", "spark-connect", "api-server", "scheduler",
-                                       "dag-processor", "triggerer", "generator", "job"]
+    assert [c.name for c in parts] == ["kafka", "spark-connect", "generator", "job",
+                                       "api-server", "scheduler", "dag-processor", "triggerer"]
     broker = parts[0]
     assert broker.argv[1:] == ["-m", "rebalance.cli", "kafka", "run", "--dir",
                                str(tmp_path / "data" / "kafka"), "--port", "19192"]
@@ -247,3 +250,16 @@ def test_the_hook_sends_only_the_driver_workers_stdout_to_its_log(tmp_path):
     other = subprocess.run([sys.executable, "-m", "pyspark.sql.streaming.other"], env=env,
                            capture_output=True, text=True, timeout=60)
     assert other.stdout == "an executor line\n"
+
+
+def test_the_first_run_covers_the_windows_since_the_generator_started():
+    import datetime as dt
+
+    from rebalance.ops.service_dags import first_interval
+
+    now = dt.datetime(2026, 12, 6, 11, 56, 31, tzinfo=dt.timezone.utc)
+    started = dt.datetime(2026, 12, 6, 11, 55, 33, tzinfo=dt.timezone.utc).timestamp()
+    # from the start of the 20-s window the generator started in (epoch-aligned, as the
+    # job's windows), so the job's first window is in, to now
+    assert first_interval(started, 20, now) == ("2026-12-06T11:55:20+00:00",
+                                                 "2026-12-06T11:56:31+00:00")

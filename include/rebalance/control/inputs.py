@@ -140,7 +140,7 @@ def windows_check(args: Mapping[str, Any]) -> dict[str, Any]:
             return waiting
         raise
     valid = [w for w in windows if w["events"] > 0]
-    if len(valid) < p.min_windows and may_wait:
+    if len(valid) < p.min_windows and may_wait and not _passed(spark, run, version):
         return waiting
     live_version = tables.latest_assignment_version(spark)
     n_instances = tables.assignments_n_instances(spark)
@@ -248,6 +248,22 @@ def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dic
     windows = [{"window_start": as_utc(w).isoformat(), "events": _int(r.events),
                 "assignment_version": _int(r.av)} for w, r in per_window.iterrows()]
     return version, windows
+
+
+def _passed(spark, run: RunInfo, version: int) -> bool:
+    """Whether the job stored a window that starts at or after the run's interval end (in
+    ``key_histograms`` at ``version``): the job writes a window once its watermark passed
+    it, in order, so every window of the interval it will ever write is written, and
+    waiting longer for too few of them only holds the next run back (the first run after
+    ``make up``, whose interval ended before the job started, would wait out the whole
+    ``REBALANCE_WINDOWS_WAIT_SECONDS``)."""
+    from rebalance.spark import tables
+
+    if run.end is None:
+        return False
+    pdf = tables.read_pandas(spark, tables.KEY_HISTOGRAMS, version=version,
+                             filters=[("window_start", ">=", run.end)], columns=["window_start"])
+    return pdf is not None and not pdf.empty
 
 
 def _int(value) -> int:

@@ -154,6 +154,8 @@ class Component:
     ready_line: str | None = None
     #: First signal of a graceful stop (SIGINT lets Python apps stop their queries).
     stop_signal: int = signal.SIGTERM
+    #: ``up`` starts the components after it before waiting for this one to be ready.
+    ready_later: bool = False
 
 
 def _venv_bin(name: str) -> str:
@@ -245,16 +247,11 @@ def components(s: Settings) -> list[Component]:
     broker = [Component("kafka", [py, "-m", "rebalance.cli", "kafka", "run",
                                   "--dir", str(s.data / "kafka"), "--port", str(s.kafka_port)],
                         env, port=s.kafka_port)] if kafka else []
+    # The generator and the job first: every DAG run waits for the job's windows, and the
+    # job's JVM warms up while Airflow starts (its readiness is awaited last).
     return [
         *broker,
         connect,
-        Component("api-server", [airflow, "api-server", "--host", HOST, "--port", str(s.api_port)],
-                  aenv, port=s.api_port, ready_url=f"{s.api_url}/api/v2/monitor/health"),
-        # One machine: task logs are read from the files; no log server (it binds 0.0.0.0).
-        *[Component(name, [py, "-m", "rebalance.cli.keepalive", "--name", name, "--", airflow,
-                           *cmd], aenv) for name, cmd in (
-            ("scheduler", ["scheduler", "--skip-serve-logs"]), ("dag-processor", ["dag-processor"]),
-            ("triggerer", ["triggerer", "--skip-serve-logs"]))],
         Component("generator", [py, str(REPO_ROOT / "spark_apps" / "generate_events.py"),
                                 "--follow", "--keys", str(s.generator_keys), "--zipf", "1.0",
                                 "--events-per-batch", str(s.events_per_second * batch_seconds),
@@ -264,6 +261,13 @@ def components(s: Settings) -> list[Component]:
                                 *(["--sink", "kafka", *sink] if kafka else [])],
                   genv, ready_line="following", stop_signal=signal.SIGINT),
         job_component(s, env, sink),
+        Component("api-server", [airflow, "api-server", "--host", HOST, "--port", str(s.api_port)],
+                  aenv, port=s.api_port, ready_url=f"{s.api_url}/api/v2/monitor/health"),
+        # One machine: task logs are read from the files; no log server (it binds 0.0.0.0).
+        *[Component(name, [py, "-m", "rebalance.cli.keepalive", "--name", name, "--", airflow,
+                           *cmd], aenv) for name, cmd in (
+            ("scheduler", ["scheduler", "--skip-serve-logs"]), ("dag-processor", ["dag-processor"]),
+            ("triggerer", ["triggerer", "--skip-serve-logs"]))],
     ]
 
 
@@ -296,7 +300,7 @@ def job_component(s: Settings, env: dict[str, str], sink: list[str]) -> Componen
                 *(["--source", "kafka", *sink] if kafka else [])]
     return Component("job", [sys.executable, *argv],
                      quiet_python_workers(env, s.logs / "job-python-worker.log"),
-                     ready_line="running", stop_signal=signal.SIGINT)
+                     ready_line="running", stop_signal=signal.SIGINT, ready_later=True)
 
 def _connect_server(s: Settings, env: dict[str, str]) -> Component:
     from rebalance.spark import session
@@ -392,7 +396,7 @@ class Service:
         if self.parts is components:
             self._record_source()
             self._migrate_airflow_db()
-        started = []
+        started, later = [], []
         for comp in self.parts(self.s):
             rec = Record.load(self.record_path(comp.name))
             if rec is not None and alive(rec):
@@ -406,31 +410,22 @@ class Service:
             rec = self._spawn(comp)
             started.append(comp.name)
             self.out(f"{comp.name:14s} started (pid {rec.pid}, log {rec.log})")
-            if wait:
+            if wait and comp.ready_later:
+                later.append((comp, rec))
+            elif wait:
                 self._await_ready(comp, rec)
             if comp.name == "spark-connect" and wait:
                 self._warm_connect()
+        for comp, rec in later:
+            self._await_ready(comp, rec)
         if wait and unpause and self.parts is components:
-            self._unpause()
+            from rebalance.ops import service_dags
+
+            service_dags.unpause(self, SERVICE_DAGS)
+            generator = Record.load(self.record_path("generator"))
+            if "job" in started and generator is not None:  # not the schedule's first slot
+                service_dags.trigger_first_run(self, generator.started_at)
         return started
-
-    def _unpause(self) -> None:
-        """The service's DAGs (:data:`SERVICE_DAGS`) run from ``up`` on. A new DAG is
-        created unpaused (``dags_are_paused_at_creation`` False), but one registered
-        earlier, paused (Airflow's default: ``make demo``, ``airflow dags test``), keeps its
-        flag in Airflow's database: unpause it, and say so."""
-        from rebalance.ops.airflow_client import AirflowClient, AirflowError
-
-        api = None
-        for dag_id in SERVICE_DAGS:
-            try:
-                api = api or AirflowClient(self.s.api_url, *self.login(), timeout=30)
-                if api.get(f"/api/v2/dags/{dag_id}")["is_paused"]:
-                    api.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
-                    self.out(f"{dag_id:14s} unpaused (it was registered paused earlier)")
-            except AirflowError as exc:
-                if exc.status != 404:  # 404: not parsed yet, it will be created unpaused
-                    self.out(f"{dag_id:14s} could not be unpaused: {exc}; unpause it in the UI")
 
     def _record_source(self) -> None:
         """Record the source and the job ``down`` / ``status`` go by (another source while
