@@ -72,3 +72,23 @@ def test_an_unknown_column_is_refused_and_a_stale_writer_conflicts(path):
 
     assert is_conflict(caught.value), caught.value
     assert _row(path, "apply")["n"] == 9
+
+
+def test_create_makes_an_empty_table_of_the_schema_once_and_appends_go_to_it(tmp_path):
+    from rebalance.spark.tables import JOBS
+
+    path = str(tmp_path / "jobs")
+    assert delta_rs.create(path, delta_rs.arrow_schema(JOBS.schema))
+    assert not delta_rs.create(path, delta_rs.arrow_schema(JOBS.schema))   # there already
+    t = DeltaTable(path)
+    assert t.version() == 0 and delta_rs.columns(path) == JOBS.columns
+    assert (t.protocol().min_reader_version, t.protocol().min_writer_version) == (1, 2)
+    assert not t.protocol().writer_features and delta_rs.writable(path)
+    fields = {f.name: f.type for f in t.schema().fields}
+    assert str(fields["started_at"]) == 'PrimitiveType("timestamp")'
+    assert str(fields["pid"]) == 'PrimitiveType("long")'
+    row = {"job": "j", "capability": "live", "app": None, "generation": None,
+           "started_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), "host": "h",
+           "pid": 1, "splits": True}
+    delta_rs.append(path, pa.Table.from_pylist([row], schema=delta_rs.arrow_schema(JOBS.schema)))
+    assert delta_rs.rows(path) == [row]

@@ -305,6 +305,31 @@ def properties(path: str | Path) -> dict[str, str]:
     return {} if t is None else dict(t.metadata().configuration)
 
 
+def arrow_schema(schema) -> pa.Schema:
+    """A Spark ``StructType`` as a pyarrow schema (timestamps in UTC, as Delta stores them)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def create(path: str | Path, schema: pa.Schema) -> bool:
+    """Create an empty table of ``schema`` at the local ``path`` (version 0, protocol 1/2
+    and no table features: what Spark's ``CREATE TABLE`` of a table without properties
+    writes) unless a table is there; True when this call created it. Another writer
+    creating it at the same moment is not an error."""
+    from deltalake import DeltaTable
+
+    if exists(path):
+        return False
+    try:
+        DeltaTable.create(str(path), schema=schema, mode="error")
+    except Exception:  # noqa: BLE001 - a concurrent creation wins the race: fine
+        if exists(path):
+            return False
+        raise
+    return True
+
+
 def append(path: str | Path, data: pa.Table, metadata: dict[str, Any] | None = None,
            txn: tuple[str, int] | None = None) -> bool:
     """Append ``data`` (the table's columns, in any order; other columns are left out) as

@@ -1,7 +1,6 @@
 """The project's Delta tables: names, paths, schemas, commit metadata, assignment versions.
 
-This is the one module that knows where the tables live and what they hold.
-Everything else asks it:
+This module alone knows where the tables live and what they hold; everything else asks it:
 
 >>> from rebalance.spark import tables
 >>> tables.append(df, tables.KEY_HISTOGRAMS, metadata={"job": "keyed"})   # doctest: +SKIP
@@ -12,11 +11,10 @@ Everything else asks it:
 Paths: every table is a folder ``<root>/<name>``; ``root`` defaults to
 ``data_dir() / "tables"`` and every function takes ``root=`` to override it.
 
-Two engines (:mod:`rebalance.spark.delta_rs` tells which writes it can take): reads
-(:func:`read_pandas`, :func:`read_rows`, :func:`history`, :func:`read_assignment` ...) go
-through delta-rs in the calling process, no Spark job, and their ``spark`` argument is
-not used (None is fine); writes and :func:`read` (a Spark DataFrame, for the streaming job
-and large scans) go through Spark.
+Two engines: reads (:func:`read_pandas`, :func:`read_rows`, :func:`history`,
+:func:`read_assignment` ...) and the creation of a table without properties go through
+delta-rs in the calling process (no Spark job; ``spark`` may be None); other writes and
+:func:`read` (a DataFrame, for the streaming job and large scans) through Spark.
 
 Adding a table: declare one more :class:`Table` below and add it to
 :data:`TABLES`; :func:`ensure_table`, :func:`append`, :func:`read` and
@@ -294,6 +292,9 @@ def ensure_table(spark: SparkSession, table: Table, root: str | Path | None = No
                 f"`{f.name}` {f.dataType.simpleString().upper()}" for f in missing) + ")")
         return path
     props = {**table.properties, **(properties or {})}
+    if not props and delta_rs.local(path) is not None:    # nothing Spark must set
+        delta_rs.create(path, delta_rs.arrow_schema(table.schema))
+        return path
     ddl = f"CREATE TABLE IF NOT EXISTS {sql_name(path)} ({table.schema_ddl}) USING delta"
     if props:
         ddl += " TBLPROPERTIES (" + ", ".join(

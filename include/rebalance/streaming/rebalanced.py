@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -240,17 +241,26 @@ def operator_output(stream: RebalancedStream, assignment: tables.Assignment,
 def control_path(checkpoint: str) -> str:
     return str(Path(checkpoint) / "_rebalance" / "control")
 
+#: :data:`CONTROL_DDL` as a pyarrow schema (the table is created without a Spark job).
+CONTROL_SCHEMA = pa.schema([("kind", pa.string()), ("label", pa.int32()),
+                            ("version", pa.int64()), ("batch_id", pa.int64()),
+                            ("payload", pa.binary()), ("routing_keys", pa.list_(pa.string())),
+                            ("routing_instances", pa.list_(pa.int32()))])
+
 def ensure_control(spark: SparkSession, checkpoint: str) -> str:
     path = control_path(checkpoint)
-    if not delta_rs.exists(path):
+    if delta_rs.local(path) is not None:
+        delta_rs.create(path, CONTROL_SCHEMA)
+    elif not delta_rs.exists(path):
         spark.createDataFrame([], CONTROL_DDL).write.format("delta").mode("ignore").save(path)
     return path
 
 def switches(spark: SparkSession, checkpoint: str) -> list[tuple[int, int]]:
-    """(batch id, version) of every recorded switch, in order."""
-    rows = (spark.read.format("delta").load(control_path(checkpoint))
-            .where(F.col("kind") == SWITCHED).select("batch_id", "version").collect())
-    return sorted((int(r.batch_id), int(r.version)) for r in rows)
+    """(batch id, version) of every recorded switch, in order (read through delta-rs;
+    ``spark`` is not used)."""
+    rows = delta_rs.rows(control_path(checkpoint), ["batch_id", "version"],
+                         filters=[("kind", "=", SWITCHED)])
+    return sorted((int(r["batch_id"]), int(r["version"])) for r in rows)
 
 def last_committed_batch(checkpoint: str) -> int | None:
     """The newest batch id in the checkpoint's commit log (None before the first)."""
