@@ -1,43 +1,14 @@
 """The project's Delta tables: names, paths, schemas, commit metadata, assignment versions.
 
-This module alone knows where the tables live and what they hold; everything else asks it:
+Every table is a folder ``<root>/<name>`` (``root=``, default :func:`tables_root`); reads go
+through delta-rs (``spark`` may be None), other writes and :func:`read` through Spark. A new
+table is one more :class:`Table` in :data:`TABLES`. Columns, engines, and the
+``assignments`` table's versions and split keys: ``docs/streaming.md``, "Tables".
 
 >>> from rebalance.spark import tables
->>> tables.append(df, tables.KEY_HISTOGRAMS, metadata={"job": "keyed"})   # doctest: +SKIP
 >>> version = tables.publish_assignment(spark, {"k17": 3}, n_instances=4)  # doctest: +SKIP
 >>> tables.read_assignment(spark).routing                                  # doctest: +SKIP
 {'k17': 3}
-
-Paths: every table is a folder ``<root>/<name>``; ``root`` defaults to
-``data_dir() / "tables"`` and every function takes ``root=`` to override it.
-
-Two engines: reads (:func:`read_pandas`, :func:`read_rows`, :func:`history`,
-:func:`read_assignment` ...) and the creation of a table without properties go through
-delta-rs in the calling process (no Spark job; ``spark`` may be None); other writes and
-:func:`read` (a DataFrame, for the streaming job and large scans) through Spark.
-
-Adding a table: declare one more :class:`Table` below and add it to
-:data:`TABLES`; :func:`ensure_table`, :func:`append`, :func:`read` and
-:func:`history` then work for it unchanged.
-
-The ``assignments`` table
--------------------------
-One publish is one Delta commit (an overwrite); its Delta version is the
-assignment version and its ``userMetadata`` is a JSON object. The table holds
-the routing table (``key``, ``instance``: keys whose instance is not their
-default one) plus one *version row* with ``key`` and ``instance`` NULL, so that
-even an empty routing table leaves a row behind. Row tracking is enabled, so
-``_metadata.row_commit_version`` of the rows equals the version of the publish
-that wrote them: a reader that sees only the data (the streaming job's
-stream-static join) still knows exactly which version it used. The table-level
-``n_instances`` is the table property ``rebalance.n_instances``, fixed when the
-table is created.
-
-A *split* key (``share`` not NULL) has one row per instance it is spread over, each with
-its share of the key's events (> 0, summing to 1): the job sends an event of the key to
-one of them by a point of its ``event_id`` (:func:`rebalance.core.placement.split_instances`),
-each instance keeps a partial state, and ``window_results`` merges the partials of a
-window into one row. A whole key has one row with ``share`` NULL.
 """
 
 from __future__ import annotations

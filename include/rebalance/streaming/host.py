@@ -1,24 +1,12 @@
 """The operator that runs a user's StatefulProcessor, one instance per grouping value.
 
-:class:`InstanceHost` is what Spark runs: ``groupBy(label).transformWithStateInPandas``
-with one label per instance (so instance i is partition i). In each call it hands the
-user's processor one key at a time, with that key's rows and its own state and timers
-(:class:`~rebalance.streaming.keyed_state.KeyScope`), exactly the calls Spark would make
-under ``groupBy(key)``: ``handleInputRows(key, rows, timerValues)`` per key with rows,
-then ``handleExpiredTimer`` per key and expired timer (a real timer per timestamp on the
-instance, the keys due at it looked up, not scanned).
-
-Besides the user's rows it emits, for every closed histogram window, one row per key
-(events, declared cost, the key's state bytes) and one per instance (load, events, keys,
-operator time), and, for a move, each moved key's whole state for its new instance.
-
-A move (:mod:`rebalance.streaming.rebalanced`): an ``export`` row per instance carries the
-new routing; after its events, the instance gives away every key that routing places
-elsewhere (all variables and timers, with the batch's timer values), as ``handoff`` rows.
-The next batch brings them as ``in`` rows to the new instance, which takes the state,
-fires the timers the old instance would have fired at the end of the export batch (with
-that batch's timer values), and only then handles the key's new rows: the key sees the
-same calls in the same order as under plain Spark.
+:class:`InstanceHost` is what Spark runs (``groupBy(label).transformWithStateInPandas``,
+instance i in partition i): it hands the user's processor one key at a time, with that
+key's rows, state and timers (:class:`~rebalance.streaming.keyed_state.KeyScope`), making
+the calls Spark would make under ``groupBy(key)``. It also emits the histogram rows of
+closed windows and, for a move (:mod:`rebalance.streaming.rebalanced`), the moved keys'
+state as ``handoff`` rows. The calls, the outputs and the handoff: ``docs/processors.md``,
+"Inside: routing, the host, the state layout, the merge".
 """
 
 from __future__ import annotations

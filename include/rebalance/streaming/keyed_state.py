@@ -1,21 +1,12 @@
 """Per-key state and timers for a user's StatefulProcessor run under the rebalancer.
 
-The rebalanced operator groups events by *instance* (one grouping value per instance,
-:mod:`rebalance.streaming.routing`), so Spark's handle is one per instance. Each user
-state variable is kept in one MapState of that handle whose map key is the user's key:
-
-* ``ValueState(name)`` -> ``u:name``: user key -> the user's value (Spark's own TTL on
-  the entry: an update resets it, exactly as for a ValueState);
-* ``ListState(name)`` -> ``u:name``: user key -> ``(items, expires)``, the list and each
-  element's expiry (TTL per element, as Spark's ListState; NULL without TTL);
-* ``MapState(name)`` -> ``u:name``: user key -> ``(keys, values, expires)``.
-
-Timers: ``t:keys`` (user key -> its timer timestamps) and ``t:due`` (timestamp -> the
-keys that registered it), plus one real timer per timestamp on the instance, deleted
-when no key waits for it any more. A timer that fires looks up its keys (no scan).
-
-:class:`KeyScope` is the handle the user's processor sees: the same methods as
-``StatefulProcessorHandle``, acting on the key it is set to (:meth:`KeyScope.enter`).
+Spark's handle is one per instance (the operator groups by instance), so each user state
+variable is one MapState of that handle keyed by the user's key (``u:<name>``), and timers
+are kept per key (``t:keys``, ``t:due``) over one real timer per timestamp.
+:class:`KeyScope` is the handle the user's processor sees: the methods of
+``StatefulProcessorHandle``, acting on the key it is set to (:meth:`KeyScope.enter`). The
+layout of each state kind, TTL and timers: ``docs/processors.md``, "Inside: routing, the
+host, the state layout, the merge".
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """How the partial results of a split key merge: the user's declaration, and the merge.
 
-A key too hot for one instance can be *split*: each of its events goes to one of several
-instances (by its share), and each of them runs the user's processor on its part of the
-key with a state of its own. That is exact only for a processor whose results are
-*decomposable*: a result row is identified by some of its columns (``on``: the key and,
-say, the window), and the rows that several instances emit for one result combine by
-summing, or taking the minimum or maximum of, each other column. The user declares
-that with :class:`Merge`; without it, ``rebalanced()`` refuses assignments that split
-keys (and the DAG's gate refuses plans that would).
-
-With a merge declared, a move hands no state over: each instance that held a part of a
-key keeps it and emits its own results for it (its timers fire where they were set),
-and the query's sink merges, per micro-batch, the rows of one result that came from more
-than one instance (:func:`merged`). Rows of a result from a single instance are left as
-they are, so an unsplit, unmoved key's output is exactly the processor's.
+A split key's events go to several instances, each running the user's processor on its
+part with a state of its own; that is exact only for decomposable results. The user
+declares them with :class:`Merge` (the columns ``on`` that identify a result, and how each
+other column combines: sum, min or max); without it ``rebalanced()`` refuses assignments
+that split keys. The sink merges, per micro-batch, the rows of one result that came from
+more than one instance (:func:`merged`). Why and when this is exact: ``docs/processors.md``,
+"Split keys" and "Inside: routing, the host, the state layout, the merge".
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """Run a user's own StatefulProcessor rebalanced: the public entry point.
 
-The user writes the StatefulProcessor they would give to
-``df.groupBy(key).transformWithStateInPandas(...)`` and runs it through
-:func:`rebalanced` instead::
+:func:`rebalanced` takes the processor one would give to
+``df.groupBy(key).transformWithStateInPandas(...)``, routes every key by the query's
+assignment version (:func:`route_keys`) to one of N instances, each running the processor
+per key (:class:`~rebalance.streaming.host.InstanceHost`); :meth:`RebalancedQuery.switch`
+moves keys with their state. Outputs, moves, recovery: ``docs/processors.md``::
 
-    job = rebalanced(clicks, key="user_id", processor=Sessionize(),
-                     output_schema=SESSION_SCHEMA, time_mode="EventTime",
-                     event_time="click_time", job="clicks", instances=4)
+    job = rebalanced(clicks, key="user_id", processor=Sessionize(), output_schema=SCHEMA,
+                     time_mode="EventTime", event_time="click_time", job="clicks", instances=4)
     query = job.start(output="/data/sessions", checkpoint="/chk/clicks")
     query.follow()          # takes every newly published assignment, moving state
-
-The project owns partitioning: every key is routed by the assignment version the query
-runs with (:func:`route_keys`) to one of N instances (instance i is shuffle partition i),
-and each instance runs the user's processor per key (:class:`~rebalance.streaming.host.
-InstanceHost`). The user's output rows go to ``output`` (a Delta path, every batch one
-idempotent commit) or to a ``foreachBatch``-style function; per-window per-key
-histograms go to the job's ``key_histograms`` and ``instance_histograms`` tables, which
-the planner reads.
-
-A move to another assignment version (:meth:`RebalancedQuery.switch`) keeps the
-checkpoint: an ``export`` row per instance enters the stream through the query's control
-table; in that batch every instance gives away, after its events, the keys the new
-version places elsewhere (every variable and timer), written back to the control table
-as ``in`` rows in the same commit that records the switch; the sink refuses the next
-batch, and the query resumes from its checkpoint routed by the new version, the moved
-keys' state arriving in its first batch before their events. A crash at any point
-resumes consistently: the version a batch is routed by is the one recorded for it
-(:func:`resume_version`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """The built-in job's per-key computation as a StatefulProcessor: sliding count and sum.
 
-:class:`SlidingWindows` is an ordinary processor: the same class runs under
-``events.groupBy("key").transformWithStateInPandas(...)`` and under
-:func:`~rebalance.streaming.rebalanced.rebalanced`. Per key it keeps the count and sum of
-``value`` of each tumbling window of ``window_ms`` that a sliding aggregate over the last
-``n_windows`` windows may still need, and drops a repeated ``event_id`` (a producer's
-retry) while the watermark has not passed it by ``dedup_ms``
-(``dropDuplicatesWithinWatermark``'s rule).
-
-Its rows (:data:`SLIDING_SCHEMA`):
-
-* ``final = false``, per micro-batch, per window the batch added events to and per later
-  window whose sliding aggregate changed: the batch's events, the window's running count
-  and sum, and the sliding count and sum over the windows ending at it;
-* ``final = true``, once per window the key has events in, when the watermark passes the
-  window's end (an event-time timer there): its count, sum and sliding aggregates, final.
-
-A second timer per window, at its start + ``n_windows`` windows, drops it once no open
-window's sliding aggregate can include it.
+:class:`SlidingWindows` runs unchanged under plain ``transformWithStateInPandas`` and
+under :func:`~rebalance.streaming.rebalanced.rebalanced`.
+Per key it keeps the count and sum of ``value`` of the tumbling windows a sliding aggregate
+over the last ``n_windows`` may still need, drops a repeated ``event_id`` within
+``dedup_ms`` of the watermark, and emits running rows per micro-batch (``final = false``)
+and one final row per window when the watermark passes its end (:data:`SLIDING_SCHEMA`).
+Its rows and timers: ``docs/processors.md``, "Inside: routing, the host, the state layout,
+the merge".
 """
 
 from __future__ import annotations
