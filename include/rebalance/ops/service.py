@@ -49,7 +49,9 @@ HOST = "127.0.0.1"
 STOP_GRACE_SECONDS = 20.0
 #: A component that is not ready after this long is reported as failed.
 READY_TIMEOUT_SECONDS = 480.0
-DEFAULT_SCHEDULE = "*/2 * * * *"
+#: The service's rebalance schedule (its job's 20-s windows fill a run in 2 minutes); a
+#: DAG without ``REBALANCE_SCHEDULE`` runs every 10 (``control.params.DEFAULT_SCHEDULE``).
+SERVICE_SCHEDULE = "*/2 * * * *"
 SOURCES = ("delta", "kafka")
 #: The job the service runs: the built-in keyed job, or an example of ``examples/`` under
 #: ``rebalanced()`` (``spark_apps/example_job.py``): sessions, page views (split keys),
@@ -74,7 +76,7 @@ class Settings:
         os.environ.get("AIRFLOW_HOME") or REPO_ROOT / ".airflow").resolve())
     api_port: int = int(os.environ.get("REBALANCE_API_PORT", "8080"))
     connect_port: int = int(os.environ.get("REBALANCE_CONNECT_PORT", "15002"))
-    schedule: str = os.environ.get("REBALANCE_SCHEDULE", DEFAULT_SCHEDULE)
+    schedule: str = os.environ.get("REBALANCE_SCHEDULE", SERVICE_SCHEDULE)
     instances: int = 4
     window_seconds: int = 20
     trigger_seconds: int = 10
