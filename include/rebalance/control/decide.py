@@ -1,28 +1,13 @@
 """What a run decides from its windows, without Spark: whether to plan, how, and whether
 the plan holds.
 
-The ``rebalance`` DAG's ``detect`` and ``plan`` tasks read the pinned windows
-(:mod:`.inputs`) and hand them here as a :class:`~rebalance.core.backtest.WindowHistory` and
-the live assignment of its keys; everything below is numpy/pandas and the backtest
-engine of :mod:`rebalance.core.backtest`, so it is unit-tested without Spark or Airflow.
-
-* :func:`detect`: the run's ``trigger_rule``: ``theta`` (default,
-  :class:`~rebalance.core.trigger.ThetaTrigger`: a majority of the latest 3 windows exceed
-  ``1 + theta`` under the live assignment) or ``mldc``
-  (:class:`~rebalance.core.trigger.TriggerPolicy`, the MLDC paper's rules 1-3; rule 4 needs
-  the plan).
-* :func:`plan_policy`: how the plan is made. The latest third of the windows (at least
-  one, :func:`holdout_windows`) is held out; the load model and ``theta_plan`` are
-  chosen on the windows before it (``load_model`` auto: :func:`rebalance.core.backtest.choose`
-  within the planning time limit; a named model: :func:`rebalance.core.backtest.calibrate`
-  for ``theta_plan`` unless the run sets it), so the held-out windows judge a choice
-  that never saw them. Then :func:`rebalance.core.backtest.holds` plans that way on the
-  windows before the held-out ones and replays the plan and the live assignment on them;
-  :class:`~rebalance.core.trigger.GainGate` applies the plan only when it lowers the mean
-  realised imbalance by at least ``min_backtest_gain``. ``force`` plans anyway, and the
-  reasons record what was overridden.
-* :func:`forecast_problem`: the planning problem on the forecast of the chosen load model
-  over all the run's windows (the plan that is stored, validated and applied).
+The ``rebalance`` DAG's ``detect`` and ``plan`` tasks hand the pinned windows here as a
+:class:`~rebalance.core.backtest.WindowHistory` with the live assignment of its keys:
+:func:`detect` applies the run's trigger rule, :func:`plan_policy` chooses the load model
+and ``theta_plan`` on the windows before a held-out third and backtests the plan on that
+third (:class:`~rebalance.core.trigger.GainGate`), and :func:`forecast_problem` builds the
+problem that is planned. numpy/pandas only, unit-tested without Spark or Airflow. The rules
+and the gate: ``docs/planning.md``, "What a DAG run decides".
 """
 
 from __future__ import annotations

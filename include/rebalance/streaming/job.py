@@ -1,26 +1,12 @@
 """The keyed streaming job: parse, quarantine, route by the live assignment, aggregate per key.
 
-Two streaming queries read the raw events, from the Delta table ``events`` (the
-default, ``source="delta"``) or from a Kafka topic (``source="kafka"``: message key =
-event key, value = the event as JSON with the ``events`` table's fields; see
-:func:`read_events`):
-
-* ``<name>-quarantine``: rows that fail validation, with their reasons, to the
-  Delta table ``quarantine``;
-* ``<name>-keyed``: valid rows, with a watermark on ``event_time``, routed by a
-  stream-static join with the ``assignments`` Delta table (re-read every
-  micro-batch, so a new published version is used from the next micro-batch
-  on, without restart), then ``groupBy(label).transformWithStateInPandas``
-  (:class:`~rebalance.streaming.processor.KeyedWindowProcessor`, RocksDB state)
-  with instance ``i`` pinned to shuffle partition ``i``, to ``results``,
-  ``key_histograms`` and ``instance_histograms``, and the closed windows' partials
-  merged into one row per (window, key) to ``window_results`` (:func:`window_results`).
-  With ``dedup`` (the default), the operator drops events whose ``event_id`` its key already saw within the
-  watermark (a producer's retry) and counts them in ``instance_histograms.duplicates``.
-
-Both queries write with ``foreachBatch``: every append is an idempotent Delta
-transaction keyed by the query id and the batch id (:class:`IdempotentSink`),
-so each output row is written exactly once, across failures and restarts.
+Two streaming queries read the raw events (the Delta table ``events`` or a Kafka topic,
+:func:`read_events`): ``<name>-quarantine`` writes the rows failing validation to
+``quarantine``; ``<name>-keyed`` routes the valid rows by a stream-static join with
+``assignments`` (a new version is used from the next micro-batch on) to
+:class:`~rebalance.streaming.processor.KeyedWindowProcessor` and writes ``results``, the
+histograms and :func:`window_results`, each append an idempotent Delta transaction
+(:class:`IdempotentSink`). Details: ``docs/streaming.md``; the Kafka source: ``docs/kafka.md``.
 
 >>> job = start_job(spark, JobConfig(n_instances=4))   # doctest: +SKIP
 >>> job.process_all_available(); job.stop()             # doctest: +SKIP
