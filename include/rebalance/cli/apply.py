@@ -1,25 +1,11 @@
 """``rebalance apply`` and ``rebalance status``: the DAG's publish path from the command line.
 
-``rebalance apply --plan DIR`` takes a plan written by ``rebalance plan --out DIR``
-(``plan.json`` and ``assignment.parquet``) and makes it live the way the DAG does:
-
-1. the plan's files are checked (format, the assignment file's SHA-256 named in
-   ``plan.json``, N equal to the live assignments table's);
-2. its histograms are read again over the **live** assignment version
-   (:func:`rebalance.core.histograms.build_problem`, the same aggregation as ``rebalance plan``
-   and the DAG): a plan whose unmoved keys are not where the live version has them was
-   computed against another assignment and is refused as **stale**, before anything is
-   written;
-3. it is stored as a plan (``dag_id`` ``rebalance-cli``, run type ``manual``), checked by
-   the Great Expectations gate (:func:`rebalance.control.tasks.validate`: every metric
-   recomputed), published, and applied under the ``apply`` lease with the same stale
-   check as the DAG (:func:`rebalance.control.rollout.apply`); every step is a Delta
-   commit of the audit trail (``rebalance history``).
-
-``--dry-run`` stops after the gate: the plan is stored as what-if and nothing goes live.
-Exit codes: 0 applied (or dry run passed), 1 refused (stale, rejected, lease held), 2 bad
-input. ``rebalance status`` prints the live assignment version, N, the imbalance of the
-latest windows, and the last plan with its status.
+``rebalance apply --plan DIR`` takes a plan written by ``rebalance plan --out DIR``, checks
+its files, refuses it as stale when it was computed against another assignment version
+than the live one, and stores, validates, publishes and applies it as the DAG does, each
+step a commit of the audit trail; ``--dry-run`` stops after the gate. Exit codes: 0
+applied, 1 refused, 2 bad input. ``rebalance status`` prints what is live now. The steps
+and the checks: ``docs/planning.md``, "Making a plan live".
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """``rebalance history`` and ``rebalance rollback``: the audit trail, and undo.
 
-The audit trail is Delta's own history: every commit of the ``plans`` table (one per
-step of a plan: propose, validate or reject, publish or what-if, apply, verify) and of
-the ``assignments`` table (one per assignment version) carries JSON ``userMetadata``
-naming the action, the plan, the DAG run, the method and the metrics.
-
-A rollback restores an earlier assignment version through the path every plan takes:
-it is stored as a plan (method ``rollback``), checked by the same Great Expectations
-gate, published and applied by :mod:`rebalance.control` under the same lease, and
-written as a *new* assignment version whose routing table equals the old one's.
+The audit trail is Delta's own history of the ``plans`` and ``assignments`` tables, each
+commit with JSON ``userMetadata``. A rollback is a plan like any other (method
+``rollback``): stored, gated, published and applied under the same lease as a *new*
+assignment version whose routing table equals the old one's. Both are registered by
+:func:`add_subcommands`; details: ``docs/dag.md``, "Audit trail and rollback".
 
     rebalance history [--limit 20] [--json]
     rebalance rollback --to-version 3 [--theta 0.5] [--dry-run]
-
-cli.py registers both with :func:`add_subcommands`.
 """
 
 from __future__ import annotations

@@ -4,20 +4,10 @@
                        [--policies SPEC ...] [--start S] [--step S] [--assignment PATH]
                        [--oracle-windows W] [--out DIR]
 
-Replays the stored windows of HISTOGRAMS (the files ``rebalance plan`` reads: a Delta
-table directory, Parquet file/directory or CSV file with ``window_start, key, count[,
-cost, state_bytes]``): at each step every policy plans on the windows before it, from its
-own previous assignment, and is judged on the next K windows it has not seen
-(:mod:`rebalance.core.backtest`). Prints one row per policy and baseline (none, stay, oracle,
-distribution oracle at each theta_plan and its best): share of judged windows within
-1 + theta, mean and p90 realised imbalance, migration per step, routing-table size. With
-``--out`` it writes ``steps.csv`` (one row per policy, step and judged window),
-``summary.csv`` and ``imbalance.png`` (realised imbalance over time against 1 + theta).
-
-A policy SPEC is ``MODEL[@THETA_PLAN][/METHOD]``: a load model of
-:mod:`rebalance.core.forecast` (``mean:windows=1``, ``ewm:halflife=3``, ``quantile:q=0.9``,
-``max``, ``seasonal:period=7``, ``robust:windows=3``, ``auto``), planned at THETA_PLAN
-(default theta) with METHOD (default mixed), on max(W, what the model reads) windows.
+Replays the stored windows of HISTOGRAMS with :mod:`rebalance.core.backtest`: each policy
+(``MODEL[@THETA_PLAN][/METHOD]``) plans on the windows before a step and is judged on the
+next K it has not seen, beside the baselines. What the user sees is :data:`HELP`; the
+inputs, outputs and baselines: ``docs/backtest.md``, "On your own history".
 """
 
 from __future__ import annotations

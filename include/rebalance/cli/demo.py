@@ -1,22 +1,11 @@
 """``make demo``: the rebalancing pipeline end to end on local Spark, Delta and Airflow.
 
-1. A fresh data root, ``.data/demo``: the event generator (200 keys, Zipf 1.0, a
-   fluctuation of the hot keys every 3 minutes of event time) appends batches of 10 s of
-   event time to the Delta table ``events`` from a background thread.
-2. The keyed streaming job runs in this process (a micro-batch every 2 s): it routes
-   every key by the latest assignment version and writes per-window histograms.
-3. The ``rebalance`` DAG runs several times with real Airflow (``dag.test``, on an Airflow
-   home of the demo's own, ``.data/demo/airflow``, fresh each time: the demo's runs never
-   join the service's run history in ``.airflow``), each run over the latest minute of event
-   time: read windows, detect (trigger rule theta), plan, validate (Great Expectations),
-   publish, apply (a live switch: the job uses the new version from its next
-   micro-batch) and verify on the next windows.
-4. It prints imbalance and migration before and after each applied plan, the audit
-   trail, and plots the instance loads over time to ``.data/demo/instance_loads.png``.
-
-The generator is paced by the demo so event time stays just ahead of the DAG: it
-produces the windows of the next interval, and after each new assignment version the
-windows that verification needs. About 4 minutes on 2 cores.
+On a fresh data root (``.data/demo``) the event generator appends batches from a
+background thread, the keyed streaming job runs in this process, and the ``rebalance`` DAG
+runs several times with real Airflow (``dag.test``, on an Airflow home of its own), each
+run over the latest minute of event time; the demo paces the generator just ahead of the
+DAG, then prints each applied plan's imbalance and migration, the audit trail, and a plot
+of instance loads. The steps and settings: ``docs/streaming.md``, "The whole path locally".
 """
 
 from __future__ import annotations

@@ -1,5 +1,32 @@
 """``rebalance bench``: replay a workload over many intervals, every planner side by side.
 
+The experiments are :mod:`rebalance.evaluation.experiments` (and the ``scale`` experiment of
+:mod:`rebalance.evaluation.scale`); this module parses the command line, runs them and writes
+the tables and plots. What the user sees is :data:`HELP`; the experiments and their
+figures: ``docs/evaluation.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from rebalance.core.defaults import theta_problem
+
+#: The experiments (``rebalance.evaluation.experiments.EXPERIMENTS`` and ``scale``), listed
+#: here so that building the parser imports neither pandas nor the experiments (1 s of
+#: every ``rebalance`` command's start); a test checks the two lists agree.
+EXPERIMENTS = ("quick", "zipf-sweeps", "migration-budgets", "elb-clb", "hash-routings",
+               "replay", "scale")
+
+
+#: What ``rebalance bench --help`` says (for users).
+HELP = """\
+``rebalance bench``: replay a workload over many intervals, every planner side by side.
+
 Experiments (``--experiment``):
 
   quick            one small point of each paper's workload (well under a minute)
@@ -30,26 +57,9 @@ here only, ``rebalance plan`` cannot apply them. ``name@m`` rebalances every m i
 only.
 """
 
-from __future__ import annotations
-
-import argparse
-import math
-import sys
-import time
-from pathlib import Path
-
-from rebalance.core.defaults import theta_problem
-
-#: The experiments (``rebalance.evaluation.experiments.EXPERIMENTS`` and ``scale``), listed
-#: here so that building the parser imports neither pandas nor the experiments (1 s of
-#: every ``rebalance`` command's start); a test checks the two lists agree.
-EXPERIMENTS = ("quick", "zipf-sweeps", "migration-budgets", "elb-clb", "hash-routings",
-               "replay", "scale")
-
-
-#: Refused above these: ``--keys`` of the scale experiment (10^7 keys peak at
-#: about 3 GB RSS; 5 x 10^7 is the most this 24 GiB machine plans with room to spare) and
-#: ``--intervals`` (each interval is a whole plan of every planner).
+#: Refused above these: ``--keys`` of the scale experiment (memory grows with K: 10^7 keys
+#: peak at about 3 GB RSS, so 5 x 10^7 stays within a 24 GiB host) and ``--intervals``
+#: (each interval is a whole plan of every planner).
 MAX_SCALE_KEYS = 50_000_000
 MAX_INTERVALS = 100_000
 #: Largest ``--seed``: it also seeds the solvers, whose seeds are C ints.
@@ -63,7 +73,7 @@ def add_subcommands(subparsers) -> None:
     """Add ``bench`` to the ``rebalance`` command's subparsers."""
     p = subparsers.add_parser(
         "bench", help="replay workloads and compare every planner (tables and PNG plots)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="quick", choices=EXPERIMENTS,
                    help="experiment to run (default quick)")
     p.add_argument("--planners", metavar="A,B,C",
