@@ -1,20 +1,12 @@
 """The load model shared by every planner: problem, parameters, plan, metrics.
 
-Vocabulary (one name per concept, the same in code, tables and docs):
-
-* key: a value of the grouping column (string).
-* instance: one of the N parallel workers of the keyed operator, 0..N-1.
-* window: one histogram interval; a problem aggregates the last W windows.
-* load c(k): events (or cost) of key k per window, averaged over the windows.
-* state S(k): state bytes of key k, summed over the windows (Fang et al.'s S(k, w)).
-* assignment F: key -> instance. The default placement h(k) comes from
-  :mod:`rebalance.core.placement`; the routing table is the set of keys with F(k) != h(k)
-  and its size is the table size.
-* imbalance: max instance load / mean load over the active instances.
-* migration: state of the keys whose instance changes, as bytes and as a fraction of the
-  total state.
-
-Planning is pure numpy: no Spark or Airflow import may appear in this package.
+A problem holds the keys' loads c(k) and states S(k) over the last W windows, the current
+assignment F and N instances; a plan is a new assignment, judged by its imbalance (max
+instance load / mean load over the active instances), its migration (state of the keys
+whose instance changes) and its routing-table size (keys off their default instance).
+The vocabulary, one name per concept in code, tables and docs: ``docs/planning.md``,
+"Vocabulary and the default placement". Planning is pure numpy: no Spark or Airflow
+import may appear in this package.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Default placement of keys on instances: key groups over a consistent hash.
 
-This module is the single definition of where a key goes when no routing-table entry says
-otherwise. The Spark side computes exactly the same thing:
-
-* ``key_group(key) = pmod(hash(key), G)`` where ``hash`` is Spark SQL's ``hash()``
-  (Murmur3 x86_32, seed 42, over the UTF-8 bytes, with Spark's own byte-at-a-time tail).
-  :func:`spark_hash_strings` reproduces it with numpy over the UTF-8 buffers of all keys
-  at once (no Python work per key) and is tested against Spark on the same keys, unicode
-  and 4 KiB keys included (``tests/integration/test_placement_spark.py``).
-* ``default_instance = group_instance(key_group, N)``: jump consistent hash of the key
-  group (Lamping & Veach), so changing N from n to n+1 moves only about 1/(n+1) of the key
-  groups instead of reshuffling every key.
-
-G (``DEFAULT_KEY_GROUPS``) is fixed for the lifetime of a job, like Flink's max
-parallelism: it bounds the useful parallelism and is the unit of ELB and CLB.
+The single definition of where a key goes when no routing-table entry says otherwise, equal
+to what the Spark side computes: ``key_group(key) = pmod(hash(key), G)`` with Spark SQL's
+Murmur3 ``hash()`` (:func:`spark_hash_strings`, vectorised over the UTF-8 buffers of all
+keys), and ``default_instance = group_instance(key_group, N)``, a jump consistent hash of
+the key group, so a change of N moves few groups. G (``DEFAULT_KEY_GROUPS``) is fixed for
+a job's lifetime. Why, and how it is tested against Spark: ``docs/planning.md``,
+"Vocabulary and the default placement".
 """
 
 from __future__ import annotations

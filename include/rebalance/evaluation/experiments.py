@@ -1,20 +1,11 @@
 """The experiments of ``rebalance bench``: grids of points, each a trace and planners,
 replayed by :func:`rebalance.evaluation.runner.replay` (one flat ``results.csv``).
 
-* ``quick``: one small point of each paper's workload; well under a minute (used by a test).
-* ``zipf-sweeps``: Fang et al., Figs. 8-12 and 17: sweeps of N, theta, K, f and A_max
-  around the defaults (z = 0.85, f = 1, theta = 0.08, beta = 1.5, A_max = 3000).
-* ``migration-budgets``: Madsen et al., Figs. 2-4: MILP vs Flux-style moves (and Maric et
-  al.'s greedy) under a budget of 10/20/30/40 migrations, 20/40/60 nodes with
-  400/800/1200 key groups, node perturbation ``varies`` 20 % and 60 %.
-* ``elb-clb``: the ELB/CLB paper, Sec. 5.1: Gaussian vs Zipf substreams, ELB every
-  window vs CLB every m windows (per-rebalance and amortised movement), re-pack and hash.
-* ``hash-routings``: the ELB/CLB paper, Sec. 5: its baselines, the hash routings UHLB and
-  PKG (and D-Choices), next to ELB, CLB, auto and hash at N = 10, and the speedup over
-  N = 1..15.
-* ``replay``: a histogram table of the streaming job, every planner.
-
-(The experiments' former names are no longer accepted: docs/evaluation.md lists them.)
+:data:`EXPERIMENTS` holds ``quick`` (one small point of each paper's workload, used by a
+test), ``zipf-sweeps`` (Fang et al.), ``migration-budgets`` (Madsen et al.), ``elb-clb`` and
+``hash-routings`` (the ELB/CLB paper) and ``replay`` (a histogram table of the streaming
+job, every planner). Each experiment's grid, the figures it reproduces and its former
+names: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations

@@ -3,22 +3,11 @@
     python -m rebalance.cli.keepalive --name scheduler -- airflow scheduler --skip-serve-logs
 
 The service runs Airflow's scheduler, dag-processor and triggerer under this wrapper, as
-systemd's ``Restart=always`` would: Airflow's scheduler exits when its loop raises, and a
-service left without it schedules nothing until someone runs ``make up`` again (seen in
-the suite with Airflow 3.3.2: a backfill created while a scheduled run of the same
-interval was in flight made the loop fail with "UPDATE statement on table 'dag_run'
-expected to update 1 row(s); 0 were matched", and the scheduler exited).
-
-* SIGTERM or SIGINT (``make down``): passed on to the daemon, which is then waited for;
-  it is not started again, and the wrapper exits with its code (128 + the signal's
-  number when the signal ended it).
-* Any other exit of the daemon: it is started again after a pause that doubles from
-  :data:`FIRST_PAUSE_SECONDS` up to :data:`MAX_PAUSE_SECONDS` while it keeps failing, and
-  starts over once a run lasted :data:`STEADY_SECONDS`. Each restart is one line in the
-  component's log.
-
-The daemon stays in the wrapper's process group, so ``make down`` and ``kill`` of the
-recorded process group stop both (the wrapper is the recorded process).
+systemd's ``Restart=always`` would. SIGTERM or SIGINT is passed on to the daemon, which is
+not started again; any other exit restarts it after a pause that doubles from
+:data:`FIRST_PAUSE_SECONDS` up to :data:`MAX_PAUSE_SECONDS` while it keeps failing. The
+daemon stays in the wrapper's process group. Why, and the exit codes:
+``docs/reliability.md``, "The daemons' keepalive".
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Delta tables through delta-rs, in the calling process: no JVM, no Spark job.
 
-The control plane asks Delta many small questions (a plan's record, the lease, the newest
-assignment, a table's history, the histogram rows of a few windows). Each is a Spark job
-when asked through a session: a round trip of one to several seconds on Spark Connect,
-and a JVM start for a command line. delta-rs answers them from the table's log and
-Parquet files in milliseconds. Every table the project writes is readable by it (reader
-protocol 1).
-
-Writes to a table without writer features (writer protocol 2: the event generator's
-``events``, the control plane's ``plans``, ``plan_assignments`` and ``control``) can go
-through :func:`append` and :func:`update`, with the same commit metadata and transaction
-id a Spark write carries; the ``assignments`` table (row tracking, a writer feature) and
-the streaming job stay on Spark (:mod:`rebalance.spark.tables`).
-
-A read sees one committed snapshot: the newest, or the ``version`` asked for (time
-travel). Results look like Spark's ``toPandas()``: TIMESTAMP columns as naive UTC
-datetimes (the project's sessions run in UTC), so callers treat both engines' rows alike.
-Tables are local folders (or ``file://`` URIs), as :func:`rebalance.spark.tables.tables_root`.
+The control plane's many small reads (a plan's record, the lease, the newest assignment, a
+table's history, a few windows) take milliseconds here instead of a Spark job each. Writes
+to tables without writer features (``events``, ``plans``, ``plan_assignments``,
+``control``) can go through :func:`append` and :func:`update` with the commit metadata and
+transaction id a Spark write carries; ``assignments`` and the streaming job stay on Spark.
+A read sees one committed snapshot (the newest, or ``version``), with TIMESTAMP columns as
+naive UTC datetimes like Spark's ``toPandas()``; tables are local folders or ``file://``
+URIs. Why and which engine does what: ``docs/streaming.md``, "Tables" (two engines).
 """
 
 from __future__ import annotations
