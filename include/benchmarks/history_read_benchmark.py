@@ -4,11 +4,12 @@
 
 The service commits to ``events`` every generator batch (8 640 a day at the default
 10 s) and to ``assignments`` every apply. Code that looks for a recent commit (the
-generator's newest batch, a plan's publish, the newest assignment versions) used to read
-the whole history (``DESCRIBE HISTORY`` without a limit) and now pages newest first
-(:func:`rebalance.spark.tables.commits`). This grows one table to each ``--commits``
-count with real appends (each a Delta commit of one small file, as the generator's) and
-prints, at each count, the median, fastest and slowest of ``--repeats`` reads of:
+generator's newest batch, a plan's publish, the newest assignment versions) pages newest
+first (:func:`rebalance.spark.tables.commits`) instead of reading the whole history
+(``DESCRIBE HISTORY`` without a limit); this compares the two. It grows one table to
+each ``--commits`` count with real appends (each a Delta commit of one small file, as the
+generator's) and prints, at each count, the median, fastest and slowest of ``--repeats``
+reads of:
 
 * ``whole``: ``tables.history`` without a limit, every commit;
 * ``newest``: the newest commit through ``tables.commits`` (one page);

@@ -17,8 +17,8 @@ Scenarios (workload: :mod:`rebalance.core.synthetic`, Fang et al.'s generator, s
 * (a-amax300): (a) with A_max = 300 (MinTable, Mixed, auto only), a binding table bound
   (Mixed's table under A_max = 3000 stays far below it).
 * (a-current): (a) with the current-interval state model (``state_window = 1``: a key's
-  state is that of the interval just planned), the benchmark's former default; kept as
-  a secondary scenario. (a-current-amax300): the same with A_max = 300 (MinTable,
+  state is that of the interval just planned), a secondary scenario beside (a)'s
+  W-window state. (a-current-amax300): the same with A_max = 300 (MinTable,
   Mixed, auto).
 * (b) K = 10^6 keys, N = 64, theta = 0.02, a few intervals (current-interval state, as
   before: the targets of (b) are time and memory), in two variants: ``b-z0.85``
@@ -68,7 +68,7 @@ SCENARIOS = {
     "a": dict(_A),
     "a-unbounded": dict(_A, max_table=None),
     "a-amax300": dict(_A, max_table=300),
-    # the former default state model: the state of the current interval only
+    # the current-interval state model: a key's state is that of the interval just planned
     "a-current": dict(_A, state_window=1),
     "a-current-amax300": dict(_A, state_window=1, max_table=300),
     "b-z0.85": dict(n_keys=1_000_000, n_instances=64, zipf=0.85, fluctuation=1.0, theta=0.02,

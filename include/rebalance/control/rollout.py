@@ -41,7 +41,7 @@ APPLY_LEASE_SECONDS = 600
 
 #: The job is taken for down when its ``results`` table has no commit for this long
 #: (``REBALANCE_JOB_STALE_SECONDS``). The job commits ``results`` on every micro-batch
-#: with events (every 10 s under ``make up``, longer on a loaded machine:
+#: with events (every 10 s under ``make up``; the gaps seen under load are in
 #: ``docs/reliability.md``), so 5 minutes without one means it stopped, or no event
 #: arrives: either way a new routing would not be used or checked.
 JOB_STALE_SECONDS = 300.0
@@ -398,7 +398,7 @@ def verify_limit(theta: float, tolerance: float) -> float:
 def _verified(record: PlanRecord) -> dict[str, Any]:
     v = record.verification
     if record.status == PlanStatus.DIVERGED.value:
-        if "limit" not in v:  # a restart that failed, or a plan verified before this rule
+        if "limit" not in v:  # no limit recorded: a restart that failed, or an older record
             raise VerificationFailed(f"plan {record.plan_id} diverged: "
                                      + "; ".join(record.reasons[-1:]))
         raise VerificationFailed(

@@ -99,9 +99,9 @@ def session_conf(app_name: str, master: str | None = None,
     if "spark.master" not in submitted:
         settings["spark.master"] = "local[*]"
         # Small local jobs: a few shuffle partitions instead of 200, and Delta's table
-        # state rebuilt in a few partitions instead of 50 (every idempotent append rebuilds
-        # it: a micro-batch of the keyed job took 3 times as long with 50 on 2 cores,
-        # include/benchmarks/batch_cost_benchmark.py).
+        # state rebuilt in a few partitions instead of 50, since every idempotent append
+        # rebuilds it and 50 tasks dominate a local micro-batch (figures: docs/cluster.md,
+        # "Defaults the project sets").
         settings["spark.sql.shuffle.partitions"] = "4"
         settings["spark.databricks.delta.snapshotPartitions"] = str(SNAPSHOT_PARTITIONS)
         java_options.append(f"-Dderby.system.home={data / 'derby'}")
