@@ -18,7 +18,7 @@ counts the Spark jobs that server ran between each run's ``windows`` start and i
 Targets: windows -> publish <= 10 s end to end, no task above 5 s, at most 20
 Spark jobs per run.
 
-``--first-plan N`` measures something else, issue 40's goal (a verified plan within
+``--first-plan N`` measures something else, the start-up goal (a verified plan within
 3 minutes of ``make up``): N times, from a stopped service, ``make up`` on a fresh data
 folder and Airflow home of its own (``--fresh-root``, default ``.data/first-plan``:
 ``run-<i>/data`` and ``run-<i>/airflow``, removed first; the service's own ``.data`` and

@@ -3,23 +3,9 @@ windows written), ``await_restart`` (has the job acknowledged the controlled res
 ``verify`` (are the windows under the new version in, and within the bound).
 
 Each is one check (:func:`.inputs.windows_check`, :func:`.rollout.await_restart`,
-:func:`.rollout.verify`), run once in the task and, while not done, every
-``poke_seconds`` by :class:`RolloutWaitTrigger` on the triggerer (``make up`` runs one):
-the wait holds no worker slot, however long the run's deadline
-(``REBALANCE_WINDOWS_WAIT_SECONDS``, ``restart_timeout_minutes``,
-``verify_timeout_minutes``, checked by the checks themselves) lets it last.
-
-A check's answer changes only when a table it reads gains a commit, or when its deadline
-passes. So between two checks the trigger lists the Delta logs of those tables
-(:data:`WATCHED`, :func:`rebalance.spark.delta_rs.log_ident`: file names, no Spark job) and
-runs the check again only when one of them moved, when the deadline the check returned
-(``recheck_at``) has come, or :data:`FULL_CHECK_SECONDS` after the last check; a table
-whose log cannot be listed (a URI, a table not created yet) is checked every poke.
-
-The check runs in a thread of the triggerer (it reads Delta through Spark, which blocks).
-When it fails (the restart was rolled back, the plan diverged, the deadline passed), the
-trigger hands the error back and the task resumes on a worker to raise it there, so the
-task fails with the check's own message, as the sensors it replaces did.
+:func:`.rollout.verify`) run once in the task, then by :class:`RolloutWaitTrigger` on the
+triggerer, again only when a table it reads gained a commit (:data:`WATCHED`) or a deadline
+came. How and why: ``docs/dag.md``, "Deferred waits".
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """``make up`` / ``make down`` / ``make status``: the rebalancing service on one machine.
 
-``rebalance service up`` starts, in the background and on embedded defaults, every
-process the service needs, each in its own process group, its id recorded under
-``<data>/service/pids/`` and its output in ``<data>/service/logs/<name>.log``:
-
-========================  ==================================================================
-``spark-connect``         a Spark Connect server (the pyspark wheel's JAR, with Delta): the
-                          control plane's Spark. Airflow tasks and the generator are its thin
-                          clients (``REBALANCE_SPARK_REMOTE``): no task starts a JVM of its own.
-``api-server``            Airflow's API server and UI on ``127.0.0.1:<port>``, with the
-                          Rebalance view (``plugins/rebalance_view.py``) at ``/rebalance``.
-``scheduler``             Airflow's scheduler (LocalExecutor on the SQLite home), the
-``dag-processor``         DAG parser and the triggerer (deferred tasks): each started again
-``triggerer``             when it exits on its own (``rebalance.cli.keepalive``).
-``job``                   the keyed streaming job (``spark_apps/restartable_job.py``).
-``generator``             a skewed event stream in real time (``generate_events.py --follow``).
-``kafka``                 ``make up SOURCE=kafka`` only: a Kafka broker (``127.0.0.1:9092``);
-                          the generator produces to its topic ``events``, the job reads it.
-========================  ==================================================================
-
-The ``rebalance`` DAG is unpaused at creation, run every two minutes (``REBALANCE_SCHEDULE``),
-``rebalance_maintenance`` daily at 03:00 UTC; ``REBALANCE_SPARK_CONF`` tunes every Spark JVM,
-the Connect server's too. ``up`` twice starts nothing new; ``down`` stops every recorded process
-group and its descendants (SIGINT/SIGTERM, SIGKILL after a grace period) and removes the
-records; ``status`` says what runs. All on 127.0.0.1; the admin password is Airflow's.
+``rebalance service up`` starts, in the background and on embedded defaults, every process
+the service needs (Spark Connect, the generator, the job, then Airflow's api-server,
+scheduler, dag-processor and triggerer under a keepalive; with ``SOURCE=kafka`` a broker
+first), each in its own process group, its id recorded under ``<data>/service/pids/`` and
+its output in ``<data>/service/logs/<name>.log``. ``up`` twice starts nothing new; ``down``
+stops every recorded group and its descendants; ``status`` says what runs. All on
+127.0.0.1. The processes, their settings and the schedule: ``docs/service.md``.
 """
 
 from __future__ import annotations
