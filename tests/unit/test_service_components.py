@@ -263,3 +263,14 @@ def test_the_first_run_covers_the_windows_since_the_generator_started():
     # job's windows), so the job's first window is in, to now
     assert first_interval(started, 20, now) == ("2026-12-06T11:55:20+00:00",
                                                  "2026-12-06T11:56:31+00:00")
+
+
+def test_a_start_time_read_after_the_wall_clock_moved_is_the_same_start():
+    from rebalance.ops.processes import same_start
+
+    t = 1_796_531_642.37
+    assert same_start(t, t) and same_start(t, t + 0.004)
+    assert same_start(t, t + 1.0) and same_start(t + 2.0, t)   # boot time moved by 1-2 s
+    assert not same_start(t, t + 0.3)        # another process: another tick
+    assert not same_start(t, t + 3.0)        # not a boot-time adjustment
+    assert not same_start(t, t + 1.02)

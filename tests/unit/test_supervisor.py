@@ -213,6 +213,8 @@ def test_a_record_written_with_start_ticks_still_names_its_process(tmp_path):
     path.write_text(json.dumps({"name": "job", "pid": os.getpid(), "start_ticks": ticks,
                                 "argv": ["x"], "log": "log", "started_at": 0.0}))
     assert alive(Record.load(path))
-    path.write_text(json.dumps({"name": "job", "pid": os.getpid(), "start_ticks": ticks - 100,
+    # a recycled pid: another start (not a whole number of seconds off, which a move of
+    # the wall clock makes of the same start: processes.same_start)
+    path.write_text(json.dumps({"name": "job", "pid": os.getpid(), "start_ticks": ticks - 137,
                                 "argv": ["x"], "log": "log", "started_at": 0.0}))
     assert not alive(Record.load(path))

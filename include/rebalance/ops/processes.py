@@ -12,12 +12,22 @@ import psutil
 
 def start_time(pid: int) -> float | None:
     """When the process started (seconds since the epoch, as psutil computes it from the
-    kernel's start ticks and the boot time: the same value for the same process on every
-    call), or None when there is no such process."""
+    kernel's start ticks and the boot time; compare two readings with :func:`same_start`),
+    or None when there is no such process."""
     try:
         return psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+
+
+def same_start(a: float, b: float) -> bool:
+    """Whether two :func:`start_time` readings are the same process start. Each is the
+    kernel's start ticks plus its boot time, which it keeps in whole seconds as the wall
+    clock minus the time since boot: when the wall clock is adjusted, the boot time (and
+    every start time read after it) moves by a whole second. So a difference of 0, 1 or 2
+    whole seconds (within 5 ms) is the same start."""
+    d = abs(a - b)
+    return round(d) <= 2 and abs(d - round(d)) < 0.005
 
 
 def from_ticks(ticks: int) -> float:

@@ -347,7 +347,7 @@ class Record:
 def alive(record: Record) -> bool:
     """The recorded process still runs (same pid and start time, not a zombie)."""
     started = processes.start_time(record.pid)
-    return (started is not None and abs(started - record.started) < 0.005
+    return (started is not None and processes.same_start(started, record.started)
             and processes.running(record.pid))
 
 
