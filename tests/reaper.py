@@ -22,6 +22,8 @@ import time
 
 import psutil
 
+from rebalance.ops.processes import same_start
+
 MARKER = "REBALANCE_TEST_SESSION"
 
 
@@ -56,7 +58,8 @@ def main(argv: list[str]) -> int:
         for pid, created in seen.items():
             try:
                 proc = psutil.Process(pid)
-                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                if (same_start(proc.create_time(), created)
+                        and proc.status() != psutil.STATUS_ZOMBIE):
                     left.setdefault(pid, proc)
             except psutil.NoSuchProcess:
                 continue
