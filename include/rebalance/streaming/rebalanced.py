@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StatefulProcessor, StreamingQuery
 from pyspark.sql.types import (
     ByteType,
@@ -71,9 +72,13 @@ OUTPUT_MODES = {"append": "Append", "update": "Update"}
 KEY_TYPES = (StringType, IntegerType, LongType, ShortType, ByteType, DateType, TimestampType,
              TimestampNTZType)
 
-#: The query's control table (under its checkpoint): moves in, and their record.
-CONTROL_DDL = ("kind STRING, label INT, version BIGINT, batch_id BIGINT, payload BINARY, "
-               "routing_keys ARRAY<STRING>, routing_instances ARRAY<INT>")
+#: The query's control table (under its checkpoint): moves in, and their record. One
+#: schema: delta-rs creates the table from it, Spark writes rows of :data:`CONTROL_STRUCT`.
+CONTROL_SCHEMA = pa.schema([("kind", pa.string()), ("label", pa.int32()),
+                            ("version", pa.int64()), ("batch_id", pa.int64()),
+                            ("payload", pa.binary()), ("routing_keys", pa.list_(pa.string())),
+                            ("routing_instances", pa.list_(pa.int32()))])
+CONTROL_STRUCT = from_arrow_schema(CONTROL_SCHEMA)
 #: A row of the control table saying: batches after ``batch_id`` run with ``version``.
 SWITCHED = "switched"
 
@@ -224,18 +229,12 @@ def operator_output(stream: RebalancedStream, assignment: tables.Assignment,
 def control_path(checkpoint: str) -> str:
     return str(Path(checkpoint) / "_rebalance" / "control")
 
-#: :data:`CONTROL_DDL` as a pyarrow schema (the table is created without a Spark job).
-CONTROL_SCHEMA = pa.schema([("kind", pa.string()), ("label", pa.int32()),
-                            ("version", pa.int64()), ("batch_id", pa.int64()),
-                            ("payload", pa.binary()), ("routing_keys", pa.list_(pa.string())),
-                            ("routing_instances", pa.list_(pa.int32()))])
-
 def ensure_control(spark: SparkSession, checkpoint: str) -> str:
     path = control_path(checkpoint)
     if delta_rs.local(path) is not None:
         delta_rs.create(path, CONTROL_SCHEMA)
     elif not delta_rs.exists(path):
-        spark.createDataFrame([], CONTROL_DDL).write.format("delta").mode("ignore").save(path)
+        spark.createDataFrame([], CONTROL_STRUCT).write.format("delta").mode("ignore").save(path)
     return path
 
 def switches(spark: SparkSession, checkpoint: str) -> list[tuple[int, int]]:
@@ -309,7 +308,7 @@ class RebalancedSink:
                     F.lit(batch_id).cast("bigint").alias("batch_id"),
                     F.col("rb_payload").alias("payload"))
                 record = self.spark.createDataFrame(
-                    [(SWITCHED, None, version, batch_id, None, None, None)], CONTROL_DDL)
+                    [(SWITCHED, None, version, batch_id, None, None, None)], CONTROL_STRUCT)
                 (moved.unionByName(record, allowMissingColumns=True).coalesce(1)
                  .write.format("delta").mode("append")
                  .option("txnAppId", f"{self.query_id}:control").option("txnVersion", batch_id)
@@ -439,7 +438,7 @@ class RebalancedQuery:
         markers = [(EXPORT, label, target.version, None, params, keys,
                     [int(target.routing[k]) for k in keys])
                    for label in instance_labels(self.instances)]
-        (spark.createDataFrame(markers, CONTROL_DDL).coalesce(1).write.format("delta")
+        (spark.createDataFrame(markers, CONTROL_STRUCT).coalesce(1).write.format("delta")
          .mode("append").option("txnAppId", f"{self.query.id}:export")
          .option("txnVersion", target.version).save(control_path(self.checkpoint)))
         self.resume()
