@@ -21,6 +21,7 @@ import pandas as pd
 
 from rebalance.control.errors import RunSkipped
 from rebalance.control.params import RunInfo, RunParams
+from rebalance.core import registry
 from rebalance.core.backtest import WindowHistory
 from rebalance.core.model import PlanningError, Problem
 from rebalance.core.records import FRAME_COLUMNS, SPLIT_COLUMN, as_utc, moved_mask, split_text
@@ -204,8 +205,10 @@ def retry_delay_seconds() -> float:
 
 
 def job_name() -> str:
-    """Name of the streaming job the DAG controls (``REBALANCE_JOB_NAME``)."""
-    return os.environ.get("REBALANCE_JOB_NAME", "keyed")
+    """Name of the streaming job the DAG controls: the current job's
+    (``registry.job_scope``), else ``REBALANCE_JOB_NAME``, else ``keyed``."""
+    job = registry.current_job()
+    return job.name if job is not None else os.environ.get("REBALANCE_JOB_NAME", "keyed")
 
 
 def windows_wait_seconds() -> float:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rebalance.control.errors import InvalidParams
-from rebalance.core.defaults import DEFAULT_THETA
+from rebalance.core.defaults import APPLY_MODES, DEFAULT_THETA
 from rebalance.core.forecast import LOAD_MODELS, LoadModel, LoadModelError
 from rebalance.core.model import PlanParams
 from rebalance.core.planners import METHODS
@@ -25,7 +25,6 @@ DAG_ID = "rebalance"
 #: drops) before a controlled restart is worth its pause (run param ``restart_above``;
 #: the reasons: :func:`rebalance.control.rollout.resolve_mode`).
 AUTO_RESTART_ABOVE = 0.05
-APPLY_MODES = ("auto", "broadcast", "restart", "dry-run")
 #: Longest restart or verification wait a run may ask for (``restart_timeout_minutes``,
 #: ``verify_timeout_minutes``); the DAG's sensors time out only after it, so a wait always
 #: ends by the run's own deadline (rollback, "diverged"), never by Airflow's.

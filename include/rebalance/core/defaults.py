@@ -10,6 +10,10 @@ from typing import Any
 #: planner, the CLI and the DAG's Params all take it from here.
 DEFAULT_THETA = 0.1
 
+#: How the DAG makes a plan live (run param ``apply_mode``; the reasons:
+#: :func:`rebalance.control.rollout.resolve_mode`).
+APPLY_MODES = ("auto", "broadcast", "restart", "dry-run")
+
 
 def theta_problem(value: Any, what: str = "theta") -> str | None:
     """Why ``value`` is not a valid theta (a finite number > 0), or None when it is."""

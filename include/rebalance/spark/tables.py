@@ -37,6 +37,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from rebalance.core import registry
 from rebalance.core.assignment import (  # noqa: F401 (part of this module's API)
     AssignmentError,
     primary_instance,
@@ -172,8 +173,16 @@ N_INSTANCES_PROPERTY = "rebalance.n_instances"
 
 
 def tables_root() -> Path:
-    """Default folder of all tables: ``data_dir() / "tables"``."""
-    return data_dir() / "tables"
+    """Default folder of all tables: the current job's (``registry.job_scope``), else
+    ``data_dir() / "tables"``."""
+    job = registry.current_job()
+    if job is None:
+        return data_dir() / "tables"
+    root = job.tables_root(data_dir())
+    if not isinstance(root, Path):
+        raise TableError(f"job {job.name!r}: not a local table path: {root} (the control "
+                         f"plane reads tables through delta-rs in its own process)")
+    return root
 
 
 def get_table(name: str) -> Table:

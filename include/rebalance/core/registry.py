@@ -1,0 +1,261 @@
+"""The job registry: every job one deployment rebalances, and the service's settings, in
+one TOML file (``rebalance.toml`` at the repository's root; ``REBALANCE_REGISTRY`` names
+another). Read with :func:`load`; a bad file is refused in one line naming the field.
+
+Pure Python (``tomllib``): the DAG file, the CLI, the service and the triggerer all read it.
+:func:`job_scope` makes one job the current one for the code that runs inside it (a task,
+a trigger's check, a CLI command): its tables, its name. Fields: ``docs/registry.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import os
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rebalance.core.defaults import APPLY_MODES, DEFAULT_THETA, theta_problem
+
+REGISTRY_ENV = "REBALANCE_REGISTRY"
+#: The registry a checkout runs with (one job, the built-in one).
+DEFAULT_FILE = Path(__file__).resolve().parents[3] / "rebalance.toml"
+#: The programs the service can run for a job: the built-in job and the examples.
+APPS = ("keyed", "sessions", "views", "devices")
+SOURCES = ("delta", "kafka")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+#: Retention per kind of table, in days (the maintenance DAG's ``*_retention_days``).
+RETENTION_KINDS = ("histograms", "results", "events")
+
+
+class RegistryError(ValueError):
+    """The registry file is missing, not TOML, or a field is wrong (one line, the field)."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Service-wide settings (``[service]``); ``None``: the service's own default."""
+
+    api_port: int | None = None
+    connect_port: int | None = None
+    kafka_port: int | None = None
+    airflow_home: str | None = None
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One job (``[jobs.<name>]``)."""
+
+    name: str
+    dag_id: str
+    app: str = "keyed"
+    source: str = "delta"
+    topic: str = "events"
+    #: Where the job's tables live: relative to the data folder, absolute, or a URI.
+    tables: str = ""
+    instances: int = 4
+    theta: float = DEFAULT_THETA
+    #: The DAG's schedule; None: the DAG's default (``REBALANCE_SCHEDULE`` overrides all).
+    schedule: str | None = None
+    apply_mode: str = "auto"
+    require_approval: bool = False
+    #: Days kept per kind of table (:data:`RETENTION_KINDS`); missing: maintenance's default.
+    retention: Mapping[str, float] = field(default_factory=dict)
+    #: Spark settings for the job's session (``key -> value``).
+    spark: Mapping[str, str] = field(default_factory=dict)
+
+    def tables_root(self, data_dir: Path) -> Path | str:
+        """The job's tables folder (a local path), or its URI when not a local one."""
+        scheme, sep, rest = self.tables.partition("://")
+        if sep and scheme != "file":
+            return self.tables
+        path = Path(rest if sep else self.tables).expanduser()
+        return path if path.is_absolute() else data_dir / path
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The jobs, in file order, and the service's settings."""
+
+    path: Path
+    jobs: tuple[JobConfig, ...]
+    service: ServiceConfig = ServiceConfig()
+
+    def job(self, name: str | None = None) -> JobConfig:
+        """The job named ``name`` (None: the first), or an error listing the names."""
+        if name is None:
+            return self.jobs[0]
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise RegistryError(f"unknown job {name!r}; the registry {self.path} has: "
+                            f"{', '.join(j.name for j in self.jobs)}")
+
+    def by_dag(self, dag_id: str) -> JobConfig | None:
+        return next((j for j in self.jobs if j.dag_id == dag_id), None)
+
+
+def registry_path() -> Path:
+    value = os.environ.get(REGISTRY_ENV)
+    return Path(value).expanduser().resolve() if value else DEFAULT_FILE
+
+
+def load(path: str | Path | None = None) -> Registry:
+    """The registry at ``path`` (default :func:`registry_path`), checked field by field.
+    ``REBALANCE_SCHEDULE`` overrides every job's schedule; ``REBALANCE_JOB_NAME`` renames
+    the first job (both as before the registry)."""
+    path = Path(path) if path is not None else registry_path()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RegistryError(f"{path}: cannot read the job registry: {exc.strerror}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RegistryError(f"{path}: not valid TOML: {exc}") from None
+    return parse(doc, path)
+
+
+def parse(doc: Mapping[str, Any], path: Path) -> Registry:
+    """The registry of a parsed TOML document (errors name ``path`` and the field)."""
+    def fail(where: str, why: str) -> RegistryError:
+        return RegistryError(f"{path}: {where}: {why}")
+
+    unknown = sorted(set(doc) - {"service", "jobs"})
+    if unknown:
+        raise fail(unknown[0], "unknown section; the registry has [service] and [jobs.<name>]")
+    service = _service(_table(doc.get("service", {}), "service", fail), fail)
+    jobs_doc = _table(doc.get("jobs"), "jobs", fail, required=True)
+    if not jobs_doc:
+        raise fail("jobs", "no job; add one as [jobs.<name>]")
+    jobs = [_job(name, _table(spec, f"jobs.{name}", fail), fail)
+            for name, spec in jobs_doc.items()]
+    env_name = os.environ.get("REBALANCE_JOB_NAME")
+    if env_name:
+        if not NAME.fullmatch(env_name):
+            raise RegistryError(f"REBALANCE_JOB_NAME: {env_name!r} is not a job name "
+                                f"(letters, digits, _ and -)")
+        jobs[0] = _replace(jobs[0], name=env_name)
+    env_schedule = os.environ.get("REBALANCE_SCHEDULE")
+    if env_schedule:
+        jobs = [_replace(j, schedule=env_schedule) for j in jobs]
+    for attr in ("name", "dag_id", "tables"):
+        seen: dict[str, str] = {}
+        for job in jobs:
+            value = getattr(job, attr)
+            if value in seen:
+                raise fail(f"jobs.{job.name}.{attr}",
+                           f"{value!r} is also job {seen[value]!r}'s; each job needs its own")
+            seen[value] = job.name
+    return Registry(path=path, jobs=tuple(jobs), service=service)
+
+
+def _replace(job: JobConfig, **changes: Any) -> JobConfig:
+    from dataclasses import replace
+
+    return replace(job, **changes)
+
+
+def _table(value: Any, where: str, fail, required: bool = False) -> dict[str, Any]:
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        raise fail(where, f"must be a table ([{where}]), got {type(value).__name__}")
+    return value
+
+
+def _service(spec: dict[str, Any], fail) -> ServiceConfig:
+    known = ServiceConfig.__dataclass_fields__
+    for key, value in spec.items():
+        where = f"service.{key}"
+        if key not in known:
+            raise fail(where, f"unknown field; known: {', '.join(known)}")
+        if key.endswith("_port") and not (_is_int(value) and 1 <= value <= 65535):
+            raise fail(where, f"must be a port number in [1, 65535], got {value!r}")
+        if key == "airflow_home" and not (isinstance(value, str) and value):
+            raise fail(where, f"must be a non-empty path, got {value!r}")
+    return ServiceConfig(**spec)
+
+
+def _job(name: str, spec: dict[str, Any], fail) -> JobConfig:
+    def where(key: str) -> str:
+        return f"jobs.{name}.{key}"
+
+    if not NAME.fullmatch(name):
+        raise fail(f"jobs.{name}", "a job name is 1-63 letters, digits, _ and - "
+                                   "(it names the job's DAG, checkpoints and tables)")
+    known = set(JobConfig.__dataclass_fields__) - {"name"}
+    for key in spec:
+        if key not in known:
+            raise fail(where(key), f"unknown field; known: {', '.join(sorted(known))}")
+    values: dict[str, Any] = {"name": name, "dag_id": f"rebalance_{name}",
+                              "tables": f"jobs/{name}/tables", **spec}
+    checks = {
+        "dag_id": (lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,250}", v),
+                   "a DAG id (letters, digits, _ . and -)"),
+        "app": (lambda v: v in APPS, f"one of {', '.join(APPS)}"),
+        "source": (lambda v: v in SOURCES, f"one of {', '.join(SOURCES)}"),
+        "topic": (lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,249}", v),
+                  "a Kafka topic name"),
+        "tables": (lambda v: isinstance(v, str) and v.strip() == v and v,
+                   "a folder (relative to the data folder, or absolute) or a URI"),
+        "instances": (lambda v: _is_int(v) and 1 <= v <= 4096, "an integer in [1, 4096]"),
+        "theta": (lambda v: theta_problem(v) is None and v <= 2, "a number in (0, 2]"),
+        "schedule": (lambda v: v is None or (isinstance(v, str) and v.strip()),
+                     "a cron expression, a duration such as \"5m\", or \"none\""),
+        "apply_mode": (lambda v: v in APPLY_MODES, f"one of {', '.join(APPLY_MODES)}"),
+        "require_approval": (lambda v: isinstance(v, bool), "true or false"),
+    }
+    for key, (ok, what) in checks.items():
+        if not ok(values[key] if key in values else getattr(JobConfig, key, None)):
+            raise fail(where(key), f"must be {what}, got {values.get(key)!r}")
+    retention = _table(values.get("retention", {}), where("retention"), fail)
+    for kind, days in retention.items():
+        if kind not in RETENTION_KINDS:
+            raise fail(where(f"retention.{kind}"),
+                       f"unknown kind; known: {', '.join(RETENTION_KINDS)}")
+        if isinstance(days, bool) or not isinstance(days, (int, float)) \
+                or not (math.isfinite(days) and days > 0):
+            raise fail(where(f"retention.{kind}"), f"must be a number of days > 0, got {days!r}")
+    spark = _table(values.get("spark", {}), where("spark"), fail)
+    for key, value in spark.items():
+        if not isinstance(value, (str, int, float, bool)):
+            raise fail(where(f"spark.{key}"), f"must be a string or number, got {value!r}")
+    values["retention"] = {k: float(v) for k, v in retention.items()}
+    values["spark"] = {k: str(v).lower() if isinstance(v, bool) else str(v)
+                       for k, v in spark.items()}
+    if values["apply_mode"] == "restart" and values["app"] != "keyed":
+        raise fail(where("apply_mode"), f"'restart' needs app 'keyed' (the restartable "
+                                        f"job); app {values['app']!r} moves state live")
+    values["theta"] = float(values["theta"])
+    return JobConfig(**values)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ----------------------------------------------------------------------- the current job
+_CURRENT: contextvars.ContextVar[JobConfig | None] = contextvars.ContextVar(
+    "rebalance_job", default=None)
+
+
+def current_job() -> JobConfig | None:
+    """The job of the enclosing :func:`job_scope` (None outside one)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def job_scope(job: JobConfig | None) -> Iterator[JobConfig | None]:
+    """Run the block as ``job``'s: its tables root and name (a context variable, so the
+    triggerer's concurrent checks of several jobs stay apart). None: no job of its own."""
+    token = _CURRENT.set(job)
+    try:
+        yield job
+    finally:
+        _CURRENT.reset(token)
