@@ -5,7 +5,8 @@ Daily at 03:00 UTC by default, while the streaming job keeps appending;
 `REBALANCE_MAINTENANCE_SCHEDULE` (a cron expression or preset, or `none` for manual runs
 only) changes it:
 
-`expire -> optimize -> vacuum -> checkpoint`
+`expire -> optimize -> vacuum -> checkpoint`, each over the tables of every job of the
+registry (`rebalance.toml`); a job's `retention` there overrides the run's for that job.
 
 * **expire** deletes histogram rows older than `histograms_retention_days` (14) and
   results older than `results_retention_days` (7), counted back from the newest window;
@@ -31,17 +32,22 @@ import datetime as dt
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from rebalance.control import inputs
+from rebalance.control import inputs, jobs
 from rebalance.control.errors import InvalidParams
 from rebalance.spark import maintenance
 
 
 def run(step: str, params) -> dict:
-    """One maintenance step on the DAG's Spark session; bad params fail at once (checked
-    before Spark starts), without a retry."""
+    """One maintenance step over every job's tables (``{job: {table: figures}}``) on the
+    DAG's Spark session; bad params fail at once (checked before Spark starts), without a
+    retry."""
     try:
-        checked = maintenance.MaintenanceParams.parse(params)
-        return maintenance.run_step(inputs.spark_session(), step, checked)
+        checked = {job.name: (job, maintenance.MaintenanceParams.parse({
+            **params, **{f"{kind}_retention_days": days for kind, days in job.retention.items()}}))
+            for job in jobs.jobs()}
+        spark = inputs.spark_session()
+        return {name: jobs.run_as(job, maintenance.run_step, spark, step, job_params)
+                for name, (job, job_params) in checked.items()}
     except maintenance.MaintenanceParamError as exc:
         raise InvalidParams(f"invalid maintenance params: {exc}") from None
 

@@ -1,7 +1,9 @@
 """
-### Rebalance hot keys of the streaming job
+### Rebalance hot keys of a streaming job
 
-Every interval (default every 10 minutes, `REBALANCE_SCHEDULE`) this DAG reads the
+One such DAG per job of the registry (`rebalance.toml`, docs/registry.md): the built-in
+job's is `rebalance`, another job's `rebalance_<job>`. Every interval (the job's
+`schedule`, default every 10 minutes; `REBALANCE_SCHEDULE` overrides) it reads the
 per-key histograms the streaming job stored in Delta for the run's data interval,
 decides whether the job exceeds its bound `1 + theta` (most of the latest 3 windows, under
 the live assignment), chooses a load model and a planning bound `theta_plan` by backtest,
@@ -31,28 +33,40 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param, TriggerRule, dag, task
 
-from rebalance.control import inputs, rollout, tasks
+from rebalance.control import inputs, jobs, rollout, tasks
 from rebalance.control import params as run_params
 from rebalance.control.waits import RolloutWait, WindowsWait
+from rebalance.core.registry import JobConfig
 
 SENSOR_TIMEOUT = dt.timedelta(minutes=run_params.MAX_WAIT_MINUTES + 10)
 
 
-@dag(
-    dag_id=run_params.DAG_ID,
-    schedule=run_params.timetable(),
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    params={name: Param(**spec) for name, spec in run_params.PARAMS_SCHEMA.items()},
-    default_args={"retries": 2,
-                  "retry_delay": dt.timedelta(seconds=inputs.retry_delay_seconds())},
-    tags=["rebalance"],
-    doc_md=__doc__,
-)
-def rebalance():
+def rebalance_dag(job: JobConfig):
+    """The DAG of ``job``: its id, schedule and Params defaults from the registry; every
+    task runs on the job's tables (``jobs.run_as``)."""
+
+    @dag(
+        dag_id=job.dag_id,
+        schedule=run_params.timetable(job.schedule),
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        params={name: Param(**spec) for name, spec in jobs.params_schema(job).items()},
+        default_args={"retries": 2,
+                      "retry_delay": dt.timedelta(seconds=inputs.retry_delay_seconds())},
+        tags=["rebalance", f"job:{job.name}"],
+        doc_md=__doc__,
+    )
+    def rebalance():
+        _tasks(job)
+
+    return rebalance()
+
+
+def _tasks(job: JobConfig) -> None:
     windows = WindowsWait(
-        task_id="windows", poke_seconds=inputs.wait_poll_seconds(), timeout=SENSOR_TIMEOUT,
+        task_id="windows", job=job, poke_seconds=inputs.wait_poll_seconds(),
+        timeout=SENSOR_TIMEOUT,
         doc_md="Pick the stored histogram windows of this run's data interval and pin their "
                "Delta version, waiting on the triggerer for a starting or lagging job; skip "
                "when there are too few valid windows or events.")
@@ -62,7 +76,7 @@ def rebalance():
         """`trigger_rule` theta: most of the latest 3 windows exceed 1 + theta under the live
         assignment (mldc: imbalance > 1.5, enough events, no plan live in the last 3
         periods); skip when within the bound unless `force`."""
-        return tasks.detect(windows)
+        return jobs.run_as(job, tasks.detect, windows)
 
     @task
     def plan(detected: dict) -> dict:
@@ -70,25 +84,26 @@ def rebalance():
         third; skip unless a plan made that way beats keeping the live assignment on that
         held-out third by `min_backtest_gain` (or `force`). Then plan with `method` on the
         forecast at theta_plan and store it as proposed."""
-        return tasks.plan(detected)
+        return jobs.run_as(job, tasks.plan, detected)
 
     @task
     def validate(planned: dict) -> dict:
         """Great Expectations gate: every key once, instances in range, no nulls,
         imbalance <= 1 + theta, migration and table size within bounds. Failing plans
         are stored as rejected and this task fails."""
-        return tasks.validate(planned)
+        return jobs.run_as(job, tasks.validate, planned)
 
     @task
     def publish(validated: dict) -> dict:
         """Store the plan's assignment as a new assignment version (a what-if plan for
         backfill runs and dry-run), with dag, run, plan and metrics in the Delta commit."""
-        return tasks.publish(validated)
+        return jobs.run_as(job, tasks.publish, validated)
 
     @task.branch
     def approval_gate(published: dict) -> str:
         """Ask a person when `require_approval` is set, else go straight to apply."""
-        return "approve" if tasks.needs_approval(published) else "no_approval_needed"
+        return ("approve" if jobs.run_as(job, tasks.needs_approval, published)
+                else "no_approval_needed")
 
     approve = ApprovalOperator(
         task_id="approve",
@@ -114,7 +129,7 @@ def rebalance():
     def apply(published: dict) -> dict:
         """Make the published version live (live switch, or controlled restart when
         state must move), under the apply lease; never for backfill or what-if plans."""
-        return rollout.apply(published)
+        return jobs.run_as(job, rollout.apply, published)
 
     # Deferred waits (rebalance.control.waits): checked once in the task, then on the
     # triggerer every few seconds, so no worker slot is held while the job restarts or the
@@ -123,14 +138,14 @@ def rebalance():
     # marks the plan diverged first.
     def waits(applied):
         restarted = RolloutWait(
-            task_id="await_restart", check="await_restart", payload=applied,
+            task_id="await_restart", check="await_restart", payload=applied, job=job,
             poke_seconds=inputs.wait_poll_seconds(),
             timeout=SENSOR_TIMEOUT,
             doc_md="apply_mode restart: wait for the streaming job to stop, migrate the moved "
                    "keys' state and acknowledge the new version; on failure or timeout restore "
                    "the previous version and fail. Passes through at once for a live switch.")
         verified = RolloutWait(
-            task_id="verify", check="verify", payload=restarted.output,
+            task_id="verify", check="verify", payload=restarted.output, job=job,
             poke_seconds=inputs.wait_poll_seconds(),
             timeout=SENSOR_TIMEOUT,
             doc_md="Wait for the next window(s) under the new assignment and record the "
@@ -145,4 +160,5 @@ def rebalance():
     waits(applied)
 
 
-rebalance()
+for _job in jobs.jobs():
+    rebalance_dag(_job)

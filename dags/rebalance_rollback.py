@@ -1,8 +1,9 @@
 """
 ### Roll the live assignment back to an earlier version
 
-Triggered with `to_version` (from the Rebalance view's "roll back" button, the Trigger
-form, or `airflow dags trigger rebalance_rollback -c '{"to_version": 3}'`). It restores
+Triggered with `job` (a job of the registry, default the first) and `to_version` (from
+the Rebalance view's "roll back" button, the Trigger form, or
+`airflow dags trigger rebalance_rollback -c '{"job": "keyed", "to_version": 3}'`). It restores
 that version's routing table as a **new** assignment version, through the same gate as
 every plan: `propose -> validate (Great Expectations) -> publish -> apply`, under the
 apply lease, with the audit trail in Delta history. `dry_run` stops after publish (a
@@ -18,7 +19,9 @@ import datetime as dt
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from rebalance.control import rollout, tasks
+from rebalance.control import jobs, rollout, tasks
+
+JOB_NAMES = [job.name for job in jobs.jobs()]
 
 
 @dag(
@@ -28,6 +31,8 @@ from rebalance.control import rollout, tasks
     catchup=False,
     max_active_runs=1,
     params={
+        "job": Param(JOB_NAMES[0], type="string", enum=JOB_NAMES, title="Job",
+                     description="The registry's job whose assignment rolls back."),
         "to_version": Param(1, type="integer", minimum=0, title="Assignment version to restore",
                             description="An earlier version of the assignments table."),
         "dry_run": Param(False, type="boolean", title="Dry run",
@@ -41,22 +46,23 @@ def rebalance_rollback():
     @task
     def propose(params=None) -> dict:
         """Store the plan that restores `to_version` over the live version."""
-        return tasks.propose_rollback(int(params["to_version"]), bool(params["dry_run"]))
+        return jobs.run_as(jobs.named(params["job"]), tasks.propose_rollback,
+                           int(params["to_version"]), bool(params["dry_run"]))
 
     @task
     def validate(proposed: dict) -> dict:
         """The Great Expectations gate every plan passes."""
-        return tasks.validate(proposed)
+        return jobs.run_as(jobs.named(proposed["job"]), tasks.validate, proposed)
 
     @task
     def publish(validated: dict) -> dict:
         """Store the plan's assignment as published (or what-if for a dry run)."""
-        return tasks.publish(validated)
+        return jobs.run_as(jobs.named(validated["job"]), tasks.publish, validated)
 
     @task
     def apply(published: dict) -> dict:
         """Make the restored routing live as a new assignment version (skipped for a dry run)."""
-        return rollout.apply(published)
+        return jobs.run_as(jobs.named(published["job"]), rollout.apply, published)
 
     apply(publish(validate(propose())))
 

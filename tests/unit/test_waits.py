@@ -144,11 +144,11 @@ def test_a_waiting_check_runs_again_only_once_a_watched_table_has_a_new_commit(
     checks, polls = [], []
     listed = waits.log_versions
 
-    def log_versions(check):
+    def log_versions(check, job=None):
         polls.append(check)
         if len(polls) == 6:            # the job commits a window between two pokes
             (logs["key_histograms"] / f"{1:020d}.json").write_text("{}")
-        return listed(check)
+        return listed(check, job)
 
     def check(payload):
         checks.append(len(polls))
@@ -182,3 +182,41 @@ def test_a_waiting_check_runs_again_at_its_deadline_and_every_poke_when_unlisted
     assert not waits.unchanged({"key_histograms": None}, {"key_histograms": None})
     assert not waits.unchanged({}, {})
     assert waits.unchanged({"plans": 3}, {"plans": 3})
+
+
+def test_two_jobs_triggers_on_one_triggerer_each_check_and_list_their_own_job(
+        monkeypatch, tmp_path):
+    """The triggerer runs every job's waits in one process: each trigger runs its check as
+    its own job (tables, name; a context variable, not the process's environment) and its
+    event's XCom names that job; a payload of another job is refused."""
+    from rebalance.control import inputs, jobs
+    from rebalance.core.registry import JobConfig
+    from rebalance.spark import tables
+
+    clicks = JobConfig(name="clicks", dag_id="rebalance_clicks", tables="jobs/clicks/tables")
+    views = JobConfig(name="views", dag_id="rebalance_views", tables=str(tmp_path / "v"))
+    seen = []
+
+    def check(payload):
+        time.sleep(0.05)              # both checks overlap on the triggerer's threads
+        seen.append((inputs.job_name(), tables.tables_root()))
+        return {"is_done": True, "xcom_value": {"root": str(tables.tables_root())}}
+    monkeypatch.setitem(waits.CHECKS, "verify", check)
+
+    async def both():
+        async def one(job):
+            trigger = waits.RolloutWaitTrigger("verify", {}, 0.01, jobs.to_dict(job))
+            return [event async for event in trigger.run()]
+        return await asyncio.gather(one(clicks), one(views))
+    (c,), (v,) = asyncio.run(both())
+    assert c.payload["xcom_value"] == {"root": str(tmp_path / "jobs/clicks/tables"),
+                                       "job": "clicks"}
+    assert v.payload["xcom_value"] == {"root": str(tmp_path / "v"), "job": "views"}
+    assert sorted(seen) == [("clicks", tmp_path / "jobs/clicks/tables"),
+                            ("views", tmp_path / "v")]
+    assert inputs.job_name() == "keyed" and tables.tables_root() == tmp_path / "tables"
+    (refused,) = _events(waits.RolloutWaitTrigger("verify", {"job": "clicks"}, 0.01,
+                                                  jobs.to_dict(views)))
+    assert refused.payload["status"] == "error"
+    assert refused.payload["message"].startswith("this payload belongs to job 'clicks'; "
+                                                 "the DAG of job 'views' never")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import math
 import os
 import re
@@ -193,7 +194,9 @@ def _job(name: str, spec: dict[str, Any], fail) -> JobConfig:
     for key in spec:
         if key not in known:
             raise fail(where(key), f"unknown field; known: {', '.join(sorted(known))}")
-    values: dict[str, Any] = {"name": name, "dag_id": f"rebalance_{name}",
+    defaults = {f.name: f.default for f in dataclasses.fields(JobConfig)
+                if f.default is not dataclasses.MISSING}
+    values: dict[str, Any] = {**defaults, "name": name, "dag_id": f"rebalance_{name}",
                               "tables": f"jobs/{name}/tables", **spec}
     checks = {
         "dag_id": (lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,250}", v),
@@ -212,7 +215,7 @@ def _job(name: str, spec: dict[str, Any], fail) -> JobConfig:
         "require_approval": (lambda v: isinstance(v, bool), "true or false"),
     }
     for key, (ok, what) in checks.items():
-        if not ok(values[key] if key in values else getattr(JobConfig, key, None)):
+        if not ok(values[key]):
             raise fail(where(key), f"must be {what}, got {values.get(key)!r}")
     retention = _table(values.get("retention", {}), where("retention"), fail)
     for kind, days in retention.items():
