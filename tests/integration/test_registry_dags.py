@@ -97,7 +97,8 @@ def test_each_jobs_dag_plans_and_applies_on_its_own_tables_only(two_jobs, spark)
         assert plan.status == "verified" and plan.dag_id == "rebalance_clicks"
         assert tables.read_assignment(spark).metadata["plan_id"] == plan.plan_id
         # the same run's tasks again, to hold the published payload in hand
-        windows = inputs.read_windows({"method": "milp", "apply_mode": "broadcast"}, dr.dag_id, dr.run_id, "manual",
+        conf = {"method": "milp", "apply_mode": "broadcast"}
+        windows = inputs.read_windows(conf, dr.dag_id, dr.run_id, "manual",
                                       dr.data_interval_start, dr.data_interval_end)
         published = tasks.publish(tasks.validate(tasks.plan(tasks.detect(windows))))
     assert published["plan"]["plan_id"] == plan.plan_id
