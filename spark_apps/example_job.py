@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="allowed lateness of an event (EventTime examples)")
     p.add_argument("--trigger-seconds", type=float, default=10.0, help="micro-batch interval")
     p.add_argument("--name", help="job name (checkpoint, jobs table); default: the example's")
+    p.add_argument("--events-root",
+                   help="folder of the tables holding the events table (default: "
+                        "--tables-root): a second job over the first job's events")
     p.add_argument("--checkpoint-root",
                    help="folder of the checkpoints (default: $REBALANCE_DATA_DIR/checkpoints)")
     add_spark_options(p)
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     module = _module(example)
     spark = spark_from_args(args, f"rebalance-{args.name}")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    source = _input(spark, args.example, tables.EVENTS.path(args.tables_root),
+    source = _input(spark, args.example, tables.EVENTS.path(args.events_root or args.tables_root),
                     args.watermark_seconds)
     checkpoints = Path(args.checkpoint_root or data_dir() / "checkpoints")
     try:

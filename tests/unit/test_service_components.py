@@ -274,3 +274,71 @@ def test_a_start_time_read_after_the_wall_clock_moved_is_the_same_start():
     assert not same_start(t, t + 0.3)        # another process: another tick
     assert not same_start(t, t + 3.0)        # not a boot-time adjustment
     assert not same_start(t, t + 1.02)
+
+
+TWO_JOBS = """
+[service]
+api_port = 18080
+connect_port = 18002
+
+[jobs.keyed]
+dag_id = "rebalance"
+tables = "tables"
+
+[jobs.clicks]
+app = "sessions"
+instances = 2
+[jobs.clicks.spark]
+"spark.sql.shuffle.partitions" = 2
+"""
+
+
+def test_a_registry_of_two_jobs_starts_each_job_on_its_own_tables_and_dag(tmp_path,
+                                                                         monkeypatch):
+    from rebalance.core import registry
+
+    path = tmp_path / "rebalance.toml"
+    path.write_text(TWO_JOBS)
+    for env in ("REBALANCE_API_PORT", "REBALANCE_CONNECT_PORT", "REBALANCE_JOB_NAME"):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv("REBALANCE_REGISTRY", str(path))
+    s = _settings(tmp_path, source="delta")
+    assert (s.api_port, s.connect_port, s.registry.path) == (18080, 18002, path)
+    parts = components(s)
+    assert [c.name for c in parts] == ["spark-connect", "generator", "job", "job-clicks",
+                                       "api-server", "scheduler", "dag-processor", "triggerer"]
+    assert [c.name for c in parts if c.ready_later] == ["job", "job-clicks"]
+    data = tmp_path / "data"
+    gen, job, clicks = (_argv(parts, n) for n in ("generator", "job", "job-clicks"))
+    assert _option(gen, "--tables-root") == _option(job, "--tables-root") == str(data / "tables")
+    assert clicks[1].endswith("spark_apps/example_job.py")
+    assert (_option(clicks, "--example"), _option(clicks, "--name"),
+            _option(clicks, "--instances"), _option(clicks, "--tables-root"),
+            _option(clicks, "--events-root"), _option(clicks, "--conf")) == (
+        "sessions", "clicks", "2", str(data / "jobs" / "clicks" / "tables"),
+        str(data / "tables"), "spark.sql.shuffle.partitions=2")
+    assert s.dag_ids == ("rebalance", "rebalance_clicks", "rebalance_maintenance",
+                         "rebalance_healthcheck", "rebalance_rollback")
+    assert airflow_env(s)["REBALANCE_REGISTRY"] == str(path)
+    assert registry.load().job("clicks").dag_id == "rebalance_clicks"
+
+
+@pytest.mark.parametrize("job, message", [
+    ('app = "keyed"', "jobs.clicks.app: the service runs the built-in job once"),
+    ('app = "sessions"\nsource = "kafka"', "jobs.clicks.source: a job after the first reads"),
+    ('app = "sessions"\ntables = "s3a://bucket/clicks"',
+     "jobs.clicks.tables: not a local table path: s3a://bucket/clicks"),
+])
+def test_up_refuses_a_second_job_it_cannot_run_in_one_line_before_starting(
+        tmp_path, monkeypatch, job, message):
+    path = tmp_path / "rebalance.toml"
+    path.write_text(f"[jobs.keyed]\ndag_id = \"rebalance\"\ntables = \"tables\"\n"
+                    f"[jobs.clicks]\n{job}\n")
+    monkeypatch.setenv("REBALANCE_REGISTRY", str(path))
+    s = _settings(tmp_path, source="delta")
+    with pytest.raises(ServiceError) as err:
+        Service(s, out=lambda _: None).up(wait=False)
+    assert str(err.value).startswith(f"{path}: {message}")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "data" / "service" / "pids").exists() or not any(
+        (tmp_path / "data" / "service" / "pids").iterdir())

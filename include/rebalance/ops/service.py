@@ -20,127 +20,25 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from rebalance.core.registry import JobConfig
 from rebalance.ops import airflow_db, processes
+from rebalance.ops.service_settings import (  # noqa: F401 (part of this module's API)
+    HOST,
+    JOBS,
+    OPS_DAGS,
+    READY_TIMEOUT_SECONDS,
+    SERVICE_SCHEDULE,
+    SOURCES,
+    STOP_GRACE_SECONDS,
+    Component,
+    ServiceError,
+    Settings,
+)
 from rebalance.spark.java import ensure_java_home
-from rebalance.spark.paths import REPO_ROOT, data_dir, jars_dir
-
-HOST = "127.0.0.1"
-#: Seconds a component gets to stop after SIGINT/SIGTERM before its group is killed.
-STOP_GRACE_SECONDS = 20.0
-#: A component that is not ready after this long is reported as failed.
-READY_TIMEOUT_SECONDS = 480.0
-#: The service's rebalance schedule (its job's 20-s windows fill a run in 2 minutes); a
-#: DAG without ``REBALANCE_SCHEDULE`` runs every 10 (``control.params.DEFAULT_SCHEDULE``).
-SERVICE_SCHEDULE = "*/2 * * * *"
-SOURCES = ("delta", "kafka")
-#: The job the service runs: the built-in keyed job, or an example of ``examples/`` under
-#: ``rebalanced()`` (``spark_apps/example_job.py``): sessions, page views (split keys),
-#: devices.
-JOBS = ("keyed", "sessions", "views", "devices")
-#: The DAGs ``up`` makes sure are not paused: the scheduled ones run unattended, and a
-#: paused DAG does not run the runs a person triggers (rollback, healthcheck) either.
-SERVICE_DAGS = ("rebalance", "rebalance_maintenance", "rebalance_healthcheck",
-                "rebalance_rollback")
-
-
-class ServiceError(RuntimeError):
-    """A component cannot be started (port taken, not ready in time)."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Where the service lives and how it is reached (all overridable for tests)."""
-
-    data: Path = field(default_factory=data_dir)
-    airflow_home: Path = field(default_factory=lambda: Path(
-        os.environ.get("AIRFLOW_HOME") or REPO_ROOT / ".airflow").resolve())
-    api_port: int = int(os.environ.get("REBALANCE_API_PORT", "8080"))
-    connect_port: int = int(os.environ.get("REBALANCE_CONNECT_PORT", "15002"))
-    schedule: str = os.environ.get("REBALANCE_SCHEDULE", SERVICE_SCHEDULE)
-    instances: int = 4
-    window_seconds: int = 20
-    trigger_seconds: int = 10
-    generator_keys: int = 200
-    events_per_second: int = 200
-    #: The generator appends one batch of events this often (seconds of event time each).
-    batch_seconds: int = 10
-    #: The generator re-skews the load (Fang et al.'s fluctuation) every this many seconds.
-    fluctuation_seconds: int = 600
-    #: How often the job reads the ``restarts`` table for controlled restart requests.
-    restart_poll_seconds: float = 10.0
-    #: How long a run's ``windows`` task waits for its interval's last windows (the job
-    #: writes a window once its watermark passed it).
-    windows_wait_seconds: float = 90.0
-    #: How long Airflow waits before retrying a failed task of the ``rebalance`` DAG.
-    retry_delay_seconds: float = 30.0
-    #: ``rebalance_maintenance``'s schedule (None: the DAG's own, daily at 03:00 UTC).
-    maintenance_schedule: str | None = None
-    #: Airflow settings for the Airflow processes (``AIRFLOW__SECTION__KEY`` -> value),
-    #: over the service's own (tests shorten Airflow's heartbeat timeouts with it).
-    airflow_settings: dict[str, str] = field(default_factory=dict)
-    #: Events from the Delta table or a Kafka topic (and a broker in <data>/kafka).
-    source: str | None = None
-    #: The job (:data:`JOBS`); None: the one ``up`` recorded, else ``keyed``.
-    job: str | None = None
-    kafka_port: int = int(os.environ.get("REBALANCE_KAFKA_PORT", "9092"))
-    topic: str = "events"
-
-    @property
-    def state(self) -> Path:
-        return self.data / "service"
-
-    @property
-    def pids(self) -> Path:
-        return self.state / "pids"
-
-    @property
-    def logs(self) -> Path:
-        return self.state / "logs"
-
-    @property
-    def events_source(self) -> str:
-        """``source``, else the one ``up`` recorded in ``<data>/service/source``, else delta."""
-        path = self.state / "source"
-        recorded = path.read_text().strip() if path.is_file() else ""
-        return self.source or (recorded if recorded in SOURCES else "delta")
-
-    @property
-    def job_app(self) -> str:
-        """``job``, else the one ``up`` recorded in ``<data>/service/job``, else keyed."""
-        path = self.state / "job"
-        recorded = path.read_text().strip() if path.is_file() else ""
-        return self.job or (recorded if recorded in JOBS else "keyed")
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{HOST}:{self.kafka_port}"
-
-    @property
-    def api_url(self) -> str:
-        return f"http://{HOST}:{self.api_port}"
-
-    @property
-    def connect_url(self) -> str:
-        return f"sc://{HOST}:{self.connect_port}"
-
-
-@dataclass(frozen=True)
-class Component:
-    """One process of the service: how to start it and how to tell it is ready."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    port: int | None = None
-    ready_url: str | None = None
-    ready_line: str | None = None
-    #: First signal of a graceful stop (SIGINT lets Python apps stop their queries).
-    stop_signal: int = signal.SIGTERM
-    #: ``up`` starts the components after it before waiting for this one to be ready.
-    ready_later: bool = False
+from rebalance.spark.paths import REPO_ROOT, jars_dir
 
 
 def _venv_bin(name: str) -> str:
@@ -159,6 +57,7 @@ def base_env(s: Settings) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "REBALANCE_DATA_DIR": str(s.data),
+        "REBALANCE_REGISTRY": str(s.registry.path),
         "REBALANCE_JARS_DIR": str(jars_dir()),
         "AIRFLOW_HOME": str(s.airflow_home),
         "PYTHONUNBUFFERED": "1",
@@ -211,11 +110,12 @@ def airflow_env(s: Settings) -> dict[str, str]:
 
 
 def job_name(s: Settings) -> str:
-    """The job's name (checkpoints, restart requests): one per source (a checkpoint keeps its
-    source)."""
-    if s.job_app != "keyed":
+    """The first job's name (checkpoints, restart requests): the registry's, or the app's
+    when ``JOB`` runs another app; one per source (a checkpoint keeps its source)."""
+    first = s.registry.jobs[0]
+    if s.job_app != first.app:
         return s.job_app
-    return "keyed-kafka" if s.events_source == "kafka" else "keyed"
+    return f"{first.name}-kafka" if s.events_source == "kafka" else first.name
 
 
 def components(s: Settings) -> list[Component]:
@@ -229,6 +129,7 @@ def components(s: Settings) -> list[Component]:
     batch_seconds = s.batch_seconds
     kafka = s.events_source == "kafka"
     sink = ["--bootstrap-servers", s.bootstrap, "--topic", s.topic]
+    first_tables = ["--tables-root", str(s.registry.jobs[0].tables_root(s.data))]
     broker = [Component("kafka", [py, "-m", "rebalance.cli", "kafka", "run",
                                   "--dir", str(s.data / "kafka"), "--port", str(s.kafka_port)],
                         env, port=s.kafka_port)] if kafka else []
@@ -243,9 +144,11 @@ def components(s: Settings) -> list[Component]:
                                 "--batch-seconds", str(batch_seconds), "--fluctuation", "1.0",
                                 "--interval-batches", str(s.fluctuation_seconds // batch_seconds),
                                 "--instances", str(s.instances), "--seed", "10",
+                                *first_tables,
                                 *(["--sink", "kafka", *sink] if kafka else [])],
                   genv, ready_line="following", stop_signal=signal.SIGINT),
         job_component(s, env, sink),
+        *[other_job_component(s, env, job) for job in s.other_jobs],
         Component("api-server", [airflow, "api-server", "--host", HOST, "--port", str(s.api_port)],
                   aenv, port=s.api_port, ready_url=f"{s.api_url}/api/v2/monitor/health"),
         # One machine: task logs are read from the files; no log server (it binds 0.0.0.0).
@@ -274,7 +177,8 @@ def job_component(s: Settings, env: dict[str, str], sink: list[str]) -> Componen
     common = ["--instances", str(s.instances), "--window-seconds", str(s.window_seconds),
               "--watermark-seconds", str(s.window_seconds // 2),
               "--trigger-seconds", str(s.trigger_seconds), "--master", "local[2]",
-              "--name", job_name(s)]
+              "--name", job_name(s),
+              "--tables-root", str(s.registry.jobs[0].tables_root(s.data))]
     if s.job_app != "keyed":
         argv = [str(REPO_ROOT / "spark_apps" / "example_job.py"), "--example", s.job_app,
                 *common]
@@ -286,6 +190,38 @@ def job_component(s: Settings, env: dict[str, str], sink: list[str]) -> Componen
     return Component("job", [sys.executable, *argv],
                      quiet_python_workers(env, s.logs / "job-python-worker.log"),
                      ready_line="running", stop_signal=signal.SIGINT, ready_later=True)
+
+def other_job_component(s: Settings, env: dict[str, str], job: JobConfig) -> Component:
+    """A registry job after the first: its example app under ``rebalanced()``, over the
+    first job's events, with its own tables, checkpoint and instances."""
+    first = s.registry.jobs[0]
+    argv = [str(REPO_ROOT / "spark_apps" / "example_job.py"), "--example", job.app,
+            "--name", job.name, "--instances", str(job.instances),
+            "--window-seconds", str(s.window_seconds),
+            "--watermark-seconds", str(s.window_seconds // 2),
+            "--trigger-seconds", str(s.trigger_seconds), "--master", "local[2]",
+            "--tables-root", str(job.tables_root(s.data)),
+            "--events-root", str(first.tables_root(s.data)),
+            *[arg for key, value in job.spark.items() for arg in ("--conf", f"{key}={value}")]]
+    return Component(f"job-{job.name}", [sys.executable, *argv],
+                     quiet_python_workers(env, s.logs / f"job-{job.name}-python-worker.log"),
+                     ready_line="running", stop_signal=signal.SIGINT, ready_later=True)
+
+
+def check_jobs(s: Settings) -> None:
+    """Refuse, in one line, a registry the service cannot run as it stands."""
+    for job in s.other_jobs:
+        where = f"{s.registry.path}: jobs.{job.name}"
+        if job.app == "keyed":
+            raise ServiceError(f"{where}.app: the service runs the built-in job once (the "
+                               "first job); another job runs an example app (sessions, "
+                               "views, devices) over its events")
+        if job.source != "delta":
+            raise ServiceError(f"{where}.source: a job after the first reads the first "
+                               "job's events table (source = \"delta\")")
+        if not isinstance(job.tables_root(s.data), Path):
+            raise ServiceError(f"{where}.tables: not a local table path: {job.tables}")
+
 
 def _connect_server(s: Settings, env: dict[str, str]) -> Component:
     from rebalance.spark import session
@@ -379,6 +315,7 @@ class Service:
         for folder in (self.s.pids, self.s.logs, self.s.airflow_home):
             folder.mkdir(parents=True, exist_ok=True)
         if self.parts is components:
+            check_jobs(self.s)
             self._record_source()
             self._migrate_airflow_db()
         started, later = [], []
@@ -406,10 +343,13 @@ class Service:
         if wait and unpause and self.parts is components:
             from rebalance.ops import service_dags
 
-            service_dags.unpause(self, SERVICE_DAGS)
+            service_dags.unpause(self, self.s.dag_ids)
             generator = Record.load(self.record_path("generator"))
-            if "job" in started and generator is not None:  # not the schedule's first slot
-                service_dags.trigger_first_run(self, generator.started_at)
+            first = {"job": self.s.registry.jobs[0]} | {
+                f"job-{j.name}": j for j in self.s.other_jobs}
+            for name, job in first.items():   # not the schedule's first slot
+                if name in started and generator is not None:
+                    service_dags.trigger_first_run(self, generator.started_at, job.dag_id)
         return started
 
     def _record_source(self) -> None:

@@ -20,13 +20,12 @@ import time
 
 from rebalance.ops.airflow_client import AirflowClient, AirflowError
 
-#: How long ``up`` waits for the DAG processor to register ``rebalance`` (HTTP 404 until then).
+#: How long ``up`` waits for the DAG processor to register a job's DAG (HTTP 404 until then).
 PARSE_SECONDS = 120.0
-DAG_ID = "rebalance"
 
 
 def unpause(service, dag_ids) -> None:
-    """The service's DAGs (``dag_ids``: :data:`~rebalance.ops.service.SERVICE_DAGS`) run
+    """The service's DAGs (``dag_ids``: ``Settings.dag_ids``) run
     from ``up`` on.
     A new DAG is created unpaused (``dags_are_paused_at_creation`` False), but one
     registered earlier, paused (Airflow's default: ``make demo``, ``airflow dags test``),
@@ -51,9 +50,9 @@ def first_interval(generator_started: float, window_seconds: int,
     return (dt.datetime.fromtimestamp(begin, dt.timezone.utc).isoformat(), now.isoformat())
 
 
-def trigger_first_run(service, generator_started: float) -> str | None:
-    """Trigger the first run (the run id) on the windows since ``generator_started`` (epoch
-    seconds), or say in one line why not (None)."""
+def trigger_first_run(service, generator_started: float, dag_id: str) -> str | None:
+    """Trigger ``dag_id``'s first run (the run id) on the windows since
+    ``generator_started`` (epoch seconds), or say in one line why not (None)."""
     s = service.s
     if s.schedule.strip().lower() in ("none", "manual"):
         return None
@@ -63,15 +62,15 @@ def trigger_first_run(service, generator_started: float) -> str | None:
     while True:
         try:
             api = AirflowClient(s.api_url, *service.login(), timeout=30)
-            run = api.trigger(DAG_ID, {}, run_id=f"manual__first__{now.isoformat()}",
+            run = api.trigger(dag_id, {}, run_id=f"manual__first__{now.isoformat()}",
                               logical_date=now.isoformat(), data_interval=interval,
                               note="make up: the first run, on the windows of the job it started")
         except AirflowError as exc:
             if exc.status == 404 and time.monotonic() < deadline:  # not parsed yet
                 time.sleep(2)
                 continue
-            service.out(f"{DAG_ID:14s} no first run triggered ({exc}); the schedule runs it")
+            service.out(f"{dag_id:14s} no first run triggered ({exc}); the schedule runs it")
             return None
-        service.out(f"{DAG_ID:14s} first run {run['dag_run_id']} triggered on the job's "
+        service.out(f"{dag_id:14s} first run {run['dag_run_id']} triggered on the job's "
                     f"windows since {interval[0]}")
         return run["dag_run_id"]
