@@ -269,7 +269,6 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
     ``up`` runs again over the running stack (every component is already up) and unpauses
     them."""
     from rebalance.ops.health import service_lines
-    from rebalance.ops.service import SERVICE_DAGS
 
     path = "/api/v2/dags/rebalance"
     # a window the job wrote (a fresh stack has none for its first seconds)
@@ -277,7 +276,7 @@ def test_up_unpauses_a_dag_registered_paused_earlier(quiet, api):
                                                        dt.timezone.utc))
     api.call("PATCH", path, {"is_paused": True})
     assert api.get(path)["is_paused"] is True
-    others = [f"/api/v2/dags/{d}" for d in SERVICE_DAGS if d != "rebalance"]
+    others = [f"/api/v2/dags/{d}" for d in quiet.s.dag_ids if d != "rebalance"]
     for other in others:       # the daily maintenance, and the two that run when triggered
         api.call("PATCH", other, {"is_paused": True})
     # `make status` says so (the health strip), and that the job writes windows
