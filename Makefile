@@ -25,12 +25,16 @@ PYTEST_ARGS ?=
 # JVMs of two scenarios share the cores (docs/testing.md).
 PYTEST_WORKERS ?= 1
 PYTEST_DIST := $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
-# make up SOURCE=kafka: the service also runs a Kafka broker; the generator and the job use it.
-SOURCE ?= delta
+# make up SOURCE=kafka: the service also runs a Kafka broker; the generator and the job use it
+# (default: the first job's source in the registry).
+SOURCE ?=
 # make up JOB=sessions (or views, devices): the job is that example of examples/ under
 # rebalanced() (spark_apps/example_job.py), with its tables in .data/<JOB>, a data
 # directory of its own.
-JOB ?= keyed
+JOB ?=
+# make up REGISTRY=examples/two_jobs.toml: the jobs of another registry (docs/registry.md).
+REGISTRY ?=
+REGISTRY_ENV := $(if $(REGISTRY),REBALANCE_REGISTRY="$(abspath $(REGISTRY))")
 EXAMPLE_JOBS := sessions views devices
 JOB_DATA := $(if $(filter $(EXAMPLE_JOBS),$(JOB)),REBALANCE_DATA_DIR="$${REBALANCE_DATA_DIR:-$(CURDIR)/.data/$(JOB)}")
 
@@ -99,7 +103,7 @@ bench: setup
 	$(PY) include/benchmarks/plan_benchmark.py
 
 up: setup
-	$(JOB_DATA) $(PY) -m rebalance.cli service up --source $(SOURCE) --job $(JOB)
+	$(JOB_DATA) $(REGISTRY_ENV) $(PY) -m rebalance.cli service up $(if $(SOURCE),--source $(SOURCE)) $(if $(JOB),--job $(JOB))
 
 down:
 	@if [ -x $(PY) ]; then $(PY) -m rebalance.cli service down; \
@@ -108,7 +112,7 @@ down:
 	  else echo "nothing to stop (no .venv)"; fi
 
 status:
-	@$(JOB_DATA) $(PY) -m rebalance.cli service status
+	@$(JOB_DATA) $(REGISTRY_ENV) $(PY) -m rebalance.cli service status
 
 kafka-up: setup
 	$(PY) -m rebalance.cli kafka up

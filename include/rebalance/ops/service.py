@@ -452,7 +452,12 @@ class Service:
         if unknown:
             raise ServiceError(f"no component named {unknown[0]!r}")
         stopped = []
-        for comp in reversed(parts):
+        # a job of another registry than this one's (``up`` with REBALANCE_REGISTRY) is
+        # stopped too, before the components it needs, with the jobs' own first signal
+        known = {c.name for c in parts}
+        extra = [Component(path.stem, [], {}, stop_signal=signal.SIGINT)
+                 for path in sorted(self.s.pids.glob("job-*.json")) if path.stem not in known]
+        for comp in [*extra, *reversed(parts)]:
             if only is not None and comp.name not in only:
                 continue
             path = self.record_path(comp.name)
