@@ -3,6 +3,9 @@
 Read-only pages for a newcomer and an auditor alike, shown as the **Rebalance** tab of
 every DAG page and in the navigation:
 
+* ``/rebalance/jobs`` (the navigation's entry): every job of the registry, its health,
+  the newest window's imbalance against ``1 + theta`` and its last plan; each page below
+  takes ``?job=<name>`` (default: the registry's first job);
 * ``/rebalance/``: realised imbalance of the latest windows against ``1 + theta`` with every
   plan's verify result (chart), instance loads over the same windows (chart), the plan
   history (status, method, imbalance before / predicted / backtested / realised, theta
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from urllib.parse import quote, urlsplit
 
 from airflow.api_fastapi.core_api.security import requires_access_dag
@@ -61,94 +65,153 @@ def _spark():
     return spark_session()
 
 
+@contextmanager
+def _job(name: str | None):
+    """Read as the registry's job ``name`` (None: the first); unknown: 404 naming the jobs."""
+    from rebalance.core import registry
+
+    try:
+        job = registry.load().job(name)
+    except registry.RegistryError as exc:
+        raise HTTPException(404, str(exc)) from None
+    with registry.job_scope(job):
+        yield job
+
+
 # ------------------------------------------------------------------------------ JSON API
+# Every endpoint takes ``?job=<name>``, a job of the registry (default: the first).
 @app.get("/api/plans")
-def api_plans(limit: int = 200) -> JSONResponse:
+def api_plans(limit: int = 200, job: str | None = None) -> JSONResponse:
     from rebalance.ui import views
-    return JSONResponse(views.plans(_spark(), limit=limit))
+    with _job(job):
+        return JSONResponse(views.plans(_spark(), limit=limit))
 
 
 @app.get("/api/plans/{plan_id}")
-def api_plan(plan_id: str) -> JSONResponse:
+def api_plan(plan_id: str, job: str | None = None) -> JSONResponse:
     from rebalance.ui import views
-    try:
-        return JSONResponse(json.loads(json.dumps(views.plan(_spark(), plan_id), default=str)))
-    except views.NotFound as exc:
-        raise HTTPException(404, str(exc)) from None
+    with _job(job):
+        try:
+            return JSONResponse(json.loads(json.dumps(views.plan(_spark(), plan_id),
+                                                      default=str)))
+        except views.NotFound as exc:
+            raise HTTPException(404, str(exc)) from None
 
 
 @app.get("/api/assignments")
-def api_assignments() -> JSONResponse:
+def api_assignments(job: str | None = None) -> JSONResponse:
     from rebalance.ui import views
-    return JSONResponse(views.assignments(_spark()))
+    with _job(job):
+        return JSONResponse(views.assignments(_spark()))
 
 
 @app.get("/api/loads")
-def api_loads(windows: int = 60) -> JSONResponse:
+def api_loads(windows: int = 60, job: str | None = None) -> JSONResponse:
     from rebalance.ui import views
-    return JSONResponse(views.instance_loads(_spark(), windows=windows))
+    with _job(job):
+        return JSONResponse(views.instance_loads(_spark(), windows=windows))
 
 
 @app.get("/api/health")
-def api_health() -> JSONResponse:
-    return JSONResponse(_health())
+def api_health(job: str | None = None) -> JSONResponse:
+    with _job(job) as config:
+        return JSONResponse(_health(config.dag_id))
 
 
-def _health() -> dict[str, str]:
-    """The health strip (as ``make status`` ends): the DAG paused or not and its newest
-    run, from Airflow's metadata database; the job's newest window, from the Delta log."""
+def _health(dag_id: str) -> dict[str, str]:
+    """The health strip (as ``make status`` ends) of the current job: its DAG paused or not
+    and its newest run, from Airflow's metadata database; its newest window, from the
+    Delta log."""
     from airflow.models.dag import DagModel
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     from rebalance.ops.health import dag_text, job_line, run_text
-    from rebalance.spark.paths import data_dir
+    from rebalance.spark import tables
 
     with create_session() as session:
-        dag = DagModel.get_dagmodel(DAG_ID, session=session)
-        run = session.scalars(select(DagRun).where(DagRun.dag_id == DAG_ID)
+        dag = DagModel.get_dagmodel(dag_id, session=session)
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)
                               .order_by(DagRun.run_after.desc()).limit(1)).first()
         last = (run_text(None, None) if run is None else
                 run_text(run.run_id, run.state, run.end_date))
     return {
         "dag": dag_text(None if dag is None else bool(dag.is_paused)),
-        "job": job_line(data_dir() / "tables", None),
+        "job": job_line(tables.tables_root(), None),
         "last run": last,
     }
 
 
 @app.get("/api/imbalance")
-def api_ratios(windows: int = 60) -> JSONResponse:
+def api_ratios(windows: int = 60, job: str | None = None) -> JSONResponse:
     """Each window's max / mean load against ``1 + theta`` (:func:`views.realised_ratios`)."""
     from rebalance.ui import views
-    return JSONResponse(views.realised_ratios(_spark(), windows=windows))
+    with _job(job):
+        return JSONResponse(views.realised_ratios(_spark(), windows=windows))
+
+
+@app.get("/api/jobs")
+def api_jobs() -> JSONResponse:
+    return JSONResponse(json.loads(json.dumps(_jobs(), default=str)))
+
+
+def _jobs() -> list[dict]:
+    """Per job of the registry: its DAG's health, the newest window's imbalance against
+    ``1 + theta`` (its configured theta), and its last plan."""
+    from rebalance.core import registry
+    from rebalance.ui import views
+
+    rows = []
+    for job in registry.load().jobs:
+        with registry.job_scope(job):
+            spark = _spark()
+            health = _health(job.dag_id)
+            ratios = views.realised_ratios(spark, windows=1)
+            plans = views.plans(spark, limit=1)
+        rows.append({"job": job.name, "dag_id": job.dag_id, "theta": job.theta,
+                     "dag": health["dag"], "window": health["job"],
+                     "last_run": health["last run"],
+                     "imbalance": ratios["imbalance"][-1] if ratios["imbalance"] else None,
+                     "plan": plans[0] if plans else None})
+    return rows
 
 
 # --------------------------------------------------------------------------------- pages
+@app.get("/jobs", response_class=HTMLResponse)
+def jobs_page() -> str:
+    from rebalance.ui import pages
+    return pages.render_jobs(_jobs())
+
+
 @app.get("/", response_class=HTMLResponse)
-def index(request: Request, triggered: str | None = None, error: str | None = None) -> str:
+def index(request: Request, triggered: str | None = None, error: str | None = None,
+          job: str | None = None) -> str:
     from rebalance.ui import pages, views
-    spark = _spark()
-    return pages.render_index(views.instance_loads(spark, windows=views.CHART_WINDOWS),
-                              views.realised_ratios(spark, windows=views.CHART_WINDOWS),
-                              views.plans(spark, limit=100), views.assignments(spark),
-                              _health(), triggered=triggered, error=error)
+    with _job(job) as config:
+        spark = _spark()
+        return pages.render_index(views.instance_loads(spark, windows=views.CHART_WINDOWS),
+                                  views.realised_ratios(spark, windows=views.CHART_WINDOWS),
+                                  views.plans(spark, limit=100), views.assignments(spark),
+                                  _health(config.dag_id), triggered=triggered, error=error,
+                                  job=job, dag_id=config.dag_id)
 
 
 @app.get("/plans/{plan_id}", response_class=HTMLResponse)
-def plan_page(plan_id: str) -> str:
+def plan_page(plan_id: str, job: str | None = None) -> str:
     from rebalance.ui import pages, views
-    try:
-        p = views.plan(_spark(), plan_id)
-    except views.NotFound as exc:
-        raise HTTPException(404, str(exc)) from None
-    return pages.render_plan(p)
+    with _job(job) as config:
+        try:
+            p = views.plan(_spark(), plan_id)
+        except views.NotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+        return pages.render_plan(p, job=job, dag_id=config.dag_id)
 
 
 @app.post("/rollback")
 async def rollback(request: Request, to_version: int = Form(...),
-                   dry_run: bool = Form(False)) -> RedirectResponse:
+                   dry_run: bool = Form(False), job: str | None = Form(None)
+                   ) -> RedirectResponse:
     """Trigger ``rebalance_rollback`` through Airflow's REST API as the calling user."""
     import httpx
 
@@ -157,19 +220,21 @@ async def rollback(request: Request, to_version: int = Form(...),
         raise HTTPException(403, f"cross-origin rollback request from {origin} refused")
     token = request.cookies.get("_token") or request.headers.get("authorization", "").removeprefix("Bearer ")
     base = f"{request.url.scheme}://{request.url.netloc}"
+    also = f"job={quote(job)}&" if job else ""
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         resp = await client.post(
             f"/api/v2/dags/{ROLLBACK_DAG_ID}/dagRuns",
             headers={"Authorization": f"Bearer {token}"},
-            json={"logical_date": None, "conf": {"to_version": to_version, "dry_run": dry_run},
+            json={"logical_date": None,
+                  "conf": {"to_version": to_version, "dry_run": dry_run,
+                           **({"job": job} if job else {})},
                   "note": f"rollback to assignment version {to_version} from the Rebalance view"})
     if resp.status_code >= 300:
         detail = resp.json().get("detail", resp.text) if resp.headers.get(
             "content-type", "").startswith("application/json") else resp.text
-        return RedirectResponse(f"{PREFIX}/?error=" + quote(f"rollback refused by Airflow "
-                                                            f"({resp.status_code}): {detail}"),
-                                status_code=303)
-    return RedirectResponse(f"{PREFIX}/?triggered={quote(resp.json()['dag_run_id'])}",
+        return RedirectResponse(f"{PREFIX}/?{also}error=" + quote(
+            f"rollback refused by Airflow ({resp.status_code}): {detail}"), status_code=303)
+    return RedirectResponse(f"{PREFIX}/?{also}triggered={quote(resp.json()['dag_run_id'])}",
                             status_code=303)
 
 
@@ -192,6 +257,6 @@ class RebalancePlugin(AirflowPlugin):
     external_views = [
         {"name": "Rebalance", "href": f"{PREFIX}/", "destination": "dag",
          "url_route": "rebalance-dag"},
-        {"name": "Rebalance", "href": f"{PREFIX}/", "destination": "nav",
+        {"name": "Rebalance", "href": f"{PREFIX}/jobs", "destination": "nav",
          "url_route": "rebalance", "category": "browse"},
     ]

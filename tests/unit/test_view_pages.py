@@ -297,3 +297,29 @@ def test_an_unreachable_theta_shows_the_theta_that_holds_beside_it():
     kept = pages.render_plan({**plan, "backtest": {"attainable_theta": 0.1}, "theta": 0.1})
     assert "plans keep theta on the run" in kept and "out of reach" not in kept
     assert 'id="attainable"' not in pages.render_plan({**plan, "backtest": {}})
+
+
+def test_a_jobs_page_row_per_job_and_each_jobs_page_links_within_its_job():
+    rows = [{"job": "keyed", "dag_id": "rebalance", "theta": 0.1, "dag": "active (unpaused)",
+             "window": "newest window ...", "last_run": "scheduled__x: success",
+             "imbalance": 1.25, "plan": {"plan_id": "abc123", "status": "verified"}},
+            {"job": "click<s>", "dag_id": "rebalance_clicks", "theta": 0.2,
+             "dag": "PAUSED: nothing is scheduled", "window": "no window written yet",
+             "last_run": "none yet", "imbalance": None, "plan": None}]
+    page = pages.render_jobs(rows)
+    assert 'href="/rebalance/?job=keyed"' in page and 'href="/rebalance/?job=click%3Cs%3E"' in page
+    assert "click&lt;s&gt;" in page and "click<s>" not in page
+    assert 'href="/rebalance/plans/abc123?job=keyed"' in page and "none yet" in page
+    assert '<span class="bad">1.250</span>' in page          # above 1 + theta = 1.1
+    assert '<td class="bad">PAUSED' in page and ">1.200<" in page
+    # a job's own page: its DAG, and every link of it keeps the job
+    index = pages.render_index(loads, realised, history, versions, HEALTH, job="clicks",
+                               dag_id="rebalance_clicks")
+    assert "<h1>Rebalance: job clicks</h1>" in index and 'href="/dags/rebalance_clicks"' in index
+    plan_links = re.findall(r'href="/rebalance/plans/[^"]*"', index)
+    assert plan_links and all(link.endswith('?job=clicks"') for link in plan_links)
+    assert '<input type="hidden" name="job" value="clicks">' in index
+    assert 'href="/rebalance/?job=clicks"' in pages.render_plan(plan, job="clicks")
+    # asked without a job (the first job's page): links as before
+    plain = pages.render_index(loads, realised, history, versions, HEALTH)
+    assert "?job=" not in plain and 'name="job"' not in plain

@@ -81,7 +81,7 @@ ENV.filters.update(f3=_f, pct=_pct, n=_n, theta=_theta, url=lambda v: quote(str(
                    json=lambda v, sort_keys=False, indent=None: json.dumps(
                        v, sort_keys=sort_keys, indent=indent, default=str))
 ENV.globals.update(zip=zip, commit_summary=lambda meta: commit_summary(meta))
-ENV.globals.update(PREFIX=PREFIX, DAG_ID=DAG_ID, ROLLBACK_DAG_ID=ROLLBACK_DAG_ID,
+ENV.globals.update(PREFIX=PREFIX, DAG_ID=DAG_ID, ROLLBACK_DAG_ID=ROLLBACK_DAG_ID, JOB=None, Q="",
                    COLORS=COLORS, over=_over)
 
 
@@ -295,23 +295,38 @@ def bars_chart(loads: dict[str, Any], width: int = 620, height: int = 240) -> di
 
 
 # ------------------------------------------------------------------------------- pages
+def job_context(job: str | None, dag_id: str = DAG_ID) -> dict[str, Any]:
+    """What a job's pages link with: its DAG, and ``?job=<name>`` on every link when the
+    page was asked for a job by name (links stay as they were without one)."""
+    return {"JOB": job, "DAG_ID": dag_id, "Q": "" if job is None else f"?job={quote(job)}"}
+
+
 def render_index(loads: dict[str, Any], realised: dict[str, Any], history: list[dict[str, Any]],
                  versions: list[dict[str, Any]], health: dict[str, str],
-                 triggered: str | None = None, error: str | None = None) -> str:
-    """``/rebalance/``: the health strip, both charts, the plans and the assignment versions."""
+                 triggered: str | None = None, error: str | None = None,
+                 job: str | None = None, dag_id: str = DAG_ID) -> str:
+    """``/rebalance/``: the health strip, both charts, the plans and the assignment versions
+    (of ``job``; None: the registry's first)."""
     domain = time_domain(loads, realised)   # both charts over the same time range
     return ENV.get_template("index.html").render(
         loads=loads, loads_chart=loads_chart(loads, domain=domain),
         ratio_chart=ratio_chart(realised, domain=domain),
         history=history, versions=versions, live=next((v for v in versions if v["live"]), None),
-        health=health, triggered=triggered, error=error)
+        health=health, triggered=triggered, error=error, **job_context(job, dag_id))
 
 
-def render_plan(p: dict[str, Any]) -> str:
+def render_plan(p: dict[str, Any], job: str | None = None, dag_id: str = DAG_ID) -> str:
     """``/rebalance/plans/<plan_id>``: one plan, its checks, its commits."""
     bt, v = p.get("backtest") or {}, p.get("verification") or {}
     why = [r for r in (bt.get("decision"), bt.get("theta_plan_reason"), bt.get("choice_reason"))
            if r]
     return ENV.get_template("plan.html").render(
         p=p, bt=bt, verification=v, why=why, validation=p["validation"] or {},
-        moved=p["moved"][:MOVED_ROWS_SHOWN], bars=bars_chart(p["instance_loads"]))
+        moved=p["moved"][:MOVED_ROWS_SHOWN], bars=bars_chart(p["instance_loads"]),
+        **job_context(job, dag_id))
+
+
+def render_jobs(rows: list[dict[str, Any]]) -> str:
+    """``/rebalance/jobs``: one row per job of the registry (health, live imbalance against
+    ``1 + theta``, last plan), each linking to its own page."""
+    return ENV.get_template("jobs.html").render(rows=rows)
