@@ -401,10 +401,14 @@ class ServiceStack(Service):
     """``rebalance.ops.service.Service`` on :func:`stack_settings`, with what the tests need
     to put it in a known state: the schedule, no run in flight, the default placement."""
 
-    def __init__(self, root: Path, job: str | None = None) -> None:
+    def __init__(self, root: Path, job: str | None = None, registry: Path | None = None,
+                 **settings) -> None:
         import dataclasses
 
-        super().__init__(dataclasses.replace(stack_settings(root), job=job),
+        from rebalance.core import registry as job_registry
+
+        jobs = {} if registry is None else {"registry": job_registry.load(registry)}
+        super().__init__(dataclasses.replace(stack_settings(root), job=job, **jobs, **settings),
                          out=lambda line: print(line, flush=True))
         self.figures: dict = {}
         self.started: float | None = None
