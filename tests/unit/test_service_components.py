@@ -342,3 +342,18 @@ def test_up_refuses_a_second_job_it_cannot_run_in_one_line_before_starting(
     assert "\n" not in str(err.value)
     assert not (tmp_path / "data" / "service" / "pids").exists() or not any(
         (tmp_path / "data" / "service" / "pids").iterdir())
+
+
+def test_status_has_health_lines_for_every_job(tmp_path, monkeypatch):
+    from rebalance.ops.health import service_lines
+
+    path = tmp_path / "rebalance.toml"
+    path.write_text(TWO_JOBS)
+    monkeypatch.setenv("REBALANCE_REGISTRY", str(path))
+    service = Service(_settings(tmp_path, source="delta"), out=lambda _: None)
+    states = {"job": "stopped", "job-clicks": "running (pid 1, up 3 s)", "api-server": "stopped"}
+    assert service_lines(service, states) == [
+        ("dag", "unknown: the api-server is not running"),
+        ("job", "NOT running; no window written yet"),
+        ("clicks dag", "unknown: the api-server is not running"),
+        ("clicks job", "running; no window written yet")]

@@ -125,18 +125,31 @@ def dag_lines(api: Any, dag_id: str) -> list[tuple[str, str]]:
     return lines + [("last run", text)]
 
 
-def service_lines(service: Any, states: dict[str, str], dag_id: str) -> list[tuple[str, str]]:
+def service_lines(service: Any, states: dict[str, str],
+                  dag_id: str | None = None) -> list[tuple[str, str]]:
     """``make status``'s health lines for a :class:`rebalance.ops.service.Service` whose
-    components are in ``states`` (name -> "running ..." / "stopped" / "dead ...")."""
+    components are in ``states`` (name -> "running ..." / "stopped" / "dead ..."): its
+    DAG, its job's newest window and its DAG's last run, for every job of the registry
+    (the first's as ``dag``, ``job``, ``last run``; another's prefixed by its name).
+    ``dag_id``: the first job's DAG (default: the registry's)."""
     from rebalance.ops.airflow_client import AirflowClient, AirflowError
 
-    job = ("job", job_line(service.s.data / "tables",
-                           states.get("job", "").startswith("running"), service.s.window_seconds))
-    if not states.get("api-server", "").startswith("running"):
-        return [("dag", "unknown: the api-server is not running"), job]
-    try:
-        api = AirflowClient(service.s.api_url, *service.login(), timeout=10)
-    except AirflowError as exc:
-        return [("dag", f"unknown: {exc}"), job]
-    dag, *last = dag_lines(api, dag_id)
-    return [dag, job, *last]
+    api, why = None, "unknown: the api-server is not running"
+    if states.get("api-server", "").startswith("running"):
+        try:
+            api = AirflowClient(service.s.api_url, *service.login(), timeout=10)
+        except AirflowError as exc:
+            why = f"unknown: {exc}"
+    out = []
+    for i, job in enumerate(service.s.registry.jobs):
+        prefix, component = ("", "job") if i == 0 else (f"{job.name} ", f"job-{job.name}")
+        line = ("job", job_line(Path(job.tables_root(service.s.data)),
+                                states.get(component, "").startswith("running"),
+                                service.s.window_seconds))
+        if api is None:
+            lines = [("dag", why), line]
+        else:
+            dag, *last = dag_lines(api, dag_id if i == 0 and dag_id else job.dag_id)
+            lines = [dag, line, *last]
+        out += [(prefix + name, text) for name, text in lines]
+    return out
