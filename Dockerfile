@@ -10,7 +10,8 @@ COPY --from=java /opt/java/openjdk /opt/java/openjdk
 ENV JAVA_HOME=/opt/java/openjdk \
     PATH=/opt/java/openjdk/bin:$PATH \
     REBALANCE_JARS_DIR=/opt/rebalance/jars \
-    REBALANCE_DATA_DIR=/opt/airflow/data
+    REBALANCE_DATA_DIR=/opt/airflow/data \
+    REBALANCE_REGISTRY=/opt/airflow/rebalance.toml
 RUN mkdir -p /opt/rebalance /opt/airflow/data && chown -R airflow:0 /opt/rebalance /opt/airflow/data
 USER airflow
 
@@ -31,3 +32,5 @@ RUN python -m rebalance.cli.class_data
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
 COPY --chown=airflow:0 plugins/ /opt/airflow/plugins/
 COPY --chown=airflow:0 spark_apps/ /opt/airflow/spark_apps/
+# The job registry (docs/registry.md): mount your own over it.
+COPY --chown=airflow:0 rebalance.toml /opt/airflow/rebalance.toml
