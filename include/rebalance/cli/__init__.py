@@ -6,6 +6,9 @@ defaults carry ``func(args) -> int`` (the exit code). Modules are imported when 
 is built; heavy imports (Spark, PuLP) stay inside the ``func`` bodies so that
 ``rebalance --help`` is quick.
 
+``rebalance --job NAME <command>`` runs the command as the registry's job ``NAME`` (its
+tables, its DAG: :func:`rebalance.core.registry.job_scope`).
+
 Errors the user can fix (bad input, bad parameters) are raised as ``UserError`` (or
 ``ValueError`` subclasses such as :class:`~rebalance.core.model.PlanningError`) and printed as one
 line ``rebalance <command>: error: <message>`` with exit code 2.
@@ -68,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "keyed stateful stream jobs balanced.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    parser.add_argument("--job", dest="registry_job", metavar="NAME",
+                        help="the registry's job whose tables and DAG the command reads and "
+                             "writes (rebalance.toml, REBALANCE_REGISTRY; default: the "
+                             "tables under REBALANCE_DATA_DIR, the first job's)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         import_module(f"rebalance.{name}").add_subcommands(subparsers)
@@ -114,8 +121,13 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args) or 0)
-    except ValueError as exc:  # UserError, PlanningError, ... : one clear line
+        if getattr(args, "registry_job", None) is None:
+            return int(args.func(args) or 0)
+        from rebalance.core import registry
+
+        with registry.job_scope(registry.load().job(args.registry_job)):
+            return int(args.func(args) or 0)
+    except ValueError as exc:  # UserError, PlanningError, RegistryError ... : one clear line
         print(f"rebalance {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except RecursionError:  # input nested too deeply for a check that recursed

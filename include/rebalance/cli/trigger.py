@@ -129,8 +129,11 @@ def _client(args: argparse.Namespace) -> AirflowClient:
 def _run(args: argparse.Namespace) -> int:
     from rebalance.cli import UserError
     from rebalance.control.params import DAG_ID
+    from rebalance.core import registry
 
-    args.dag = args.dag or DAG_ID
+    job = registry.current_job()        # rebalance --job NAME trigger: that job's DAG
+    own_dag = job.dag_id if job is not None else DAG_ID
+    args.dag = args.dag or own_dag
     if not 0 < args.timeout < float("inf"):  # NaN fails too
         raise UserError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     try:
@@ -151,7 +154,8 @@ def _run(args: argparse.Namespace) -> int:
         run = client.wait(args.dag, run_id, args.timeout)
         tis = client.task_instances(args.dag, run_id)
         skipped = client.skip_reasons(args.dag, run_id, tis)
-        plans = [p for p in (client.plans() if args.dag == DAG_ID else [])
+        plans = [p for p in (client.plans(job=job and job.name) if args.dag == own_dag
+                             else [])
                  if p.get("run_id") == run_id]
     except (TimeoutError, AirflowError) as exc:  # the run goes on: only following it stopped
         print(f"rebalance trigger: {exc}", file=sys.stderr)
@@ -160,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
                      key=lambda ti: (ti.get("start_date") or "~", ti["task_id"])):
         why = skipped.get(ti["task_id"])
         print(f"  {ti['task_id']:20s} {ti['state']}" + (f": {why}" if why else ""))
-    if args.dag == DAG_ID and not plans:
+    if args.dag == own_dag and not plans:
         print("no plan stored by this run" + ("" if skipped else
                                                " (the skipped task's log says why)"))
     for plan in plans:

@@ -161,9 +161,11 @@ class AirflowClient:
                 raise TimeoutError(f"run {run_id} not finished after {timeout:.0f} s: {states}")
             time.sleep(every)
 
-    def plans(self, limit: int = 200) -> list[dict]:
-        """The plan history (newest first) from the Rebalance view's JSON."""
-        return self.get(f"/rebalance/api/plans?limit={int(limit)}")
+    def plans(self, limit: int = 200, job: str | None = None) -> list[dict]:
+        """The plan history (newest first) of ``job`` (None: the registry's first) from the
+        Rebalance view's JSON."""
+        also = "" if job is None else f"&job={quote(job, safe='')}"
+        return self.get(f"/rebalance/api/plans?limit={int(limit)}{also}")
 
 
 def _run_path(dag_id: str, run_id: str) -> str:
