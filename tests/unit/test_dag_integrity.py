@@ -94,3 +94,38 @@ def test_the_plugin_mounts_its_app_and_views_behind_airflow_auth():
             "/api/loads", "/api/imbalance", "/rollback"} <= paths
     # Authentication is an app-wide dependency: no route can forget it.
     assert module.can_read in module.app.router.dependencies
+
+
+def test_a_dag_per_job_of_the_registry_with_the_jobs_defaults(tmp_path, monkeypatch):
+    """Adding a job to the registry is all it takes: its DAG, on its schedule, with its
+    theta, apply mode and approval as the form's defaults; rollback offers every job."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    path = tmp_path / "rebalance.toml"
+    path.write_text('[jobs.keyed]\ndag_id = "rebalance"\ntables = "tables"\n'
+                    '[jobs.clicks]\napp = "sessions"\ntheta = 0.25\nschedule = "5m"\n'
+                    'apply_mode = "broadcast"\nrequire_approval = true\n')
+    monkeypatch.setenv("REBALANCE_REGISTRY", str(path))
+    for name in ("REBALANCE_SCHEDULE", "REBALANCE_JOB_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    assert {"rebalance", "rebalance_clicks"} <= set(bag.dags)
+    clicks, keyed = bag.dags["rebalance_clicks"], bag.dags["rebalance"]
+    assert (clicks.params["theta"], clicks.params["apply_mode"],
+            clicks.params["require_approval"]) == (0.25, "broadcast", True)
+    assert (keyed.params["theta"], keyed.params["apply_mode"]) == (0.1, "auto")
+    assert (type(clicks.timetable).__name__, clicks.timetable.delta.total_seconds()) == (
+        "DeltaDataIntervalTimetable", 300)
+    assert type(keyed.timetable).__name__ == "CronDataIntervalTimetable"
+    assert {"job:clicks", "rebalance"} <= set(clicks.tags)
+    assert [t.task_id for t in clicks.topological_sort()] == [
+        t.task_id for t in keyed.topological_sort()]
+    job = bag.dags["rebalance_rollback"].params.get_param("job")
+    assert job.value == "keyed" and job.schema["enum"] == ["keyed", "clicks"]
+    # a bad registry: every DAG file that reads it shows the one-line reason
+    path.write_text("[jobs.clicks]\ntheta = -1\n")
+    errors = DagBag(dag_folder=str(REPO / "dags")).import_errors
+    assert {Path(f).name for f in errors} == {"rebalance.py", "rebalance_rollback.py"}
+    assert all(f"{path}: jobs.clicks.theta: must be a number in (0, 2], got -1" in e
+               for e in errors.values())
