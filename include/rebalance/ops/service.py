@@ -1,8 +1,8 @@
 """``make up`` / ``make down`` / ``make status``: the rebalancing service on one machine.
 
 ``rebalance service up`` starts, in the background and on embedded defaults, every process
-the service needs (Spark Connect, the generator, the job, then Airflow's api-server,
-scheduler, dag-processor and triggerer under a keepalive; with ``SOURCE=kafka`` a broker
+the service needs (Spark Connect, the generator, every job of the registry, then Airflow's
+api-server, scheduler, dag-processor and triggerer under a keepalive; with ``SOURCE=kafka`` a broker
 first), each in its own process group, its id recorded under ``<data>/service/pids/`` and
 its output in ``<data>/service/logs/<name>.log``. ``up`` twice starts nothing new; ``down``
 stops every recorded group and its descendants; ``status`` says what runs. All on

@@ -87,7 +87,8 @@ class Settings:
     airflow_settings: dict[str, str] = field(default_factory=dict)
     #: Events from the Delta table or a Kafka topic (and a broker in <data>/kafka).
     source: str | None = None
-    #: The job (:data:`JOBS`); None: the one ``up`` recorded, else ``keyed``.
+    #: The first job's app (:data:`JOBS`); None: the one ``up`` recorded, else the
+    #: registry's.
     job: str | None = None
     kafka_port: int = field(default_factory=lambda: _setting(
         "REBALANCE_KAFKA_PORT", "kafka_port", 9092))
