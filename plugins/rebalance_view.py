@@ -66,16 +66,25 @@ def _spark():
 
 
 @contextmanager
-def _job(name: str | None):
-    """Read as the registry's job ``name`` (None: the first); unknown: 404 naming the jobs."""
+def _job(name: str | None, dag: str | None = None):
+    """Read as the registry's job ``name``, else the job whose DAG is ``dag`` (the DAG
+    tab's link), else the first; an unknown name: 404 naming the jobs."""
     from rebalance.core import registry
 
     try:
-        job = registry.load().job(name)
+        reg = registry.load()
+        job = reg.job(name) if name is not None else (dag and reg.by_dag(dag)) or reg.job()
     except registry.RegistryError as exc:
         raise HTTPException(404, str(exc)) from None
     with registry.job_scope(job):
         yield job
+
+
+def _page_job(job) -> str | None:
+    """The job a page's links carry (``?job=``): none for the registry's first job."""
+    from rebalance.core import registry
+
+    return None if job == registry.load().job() else job.name
 
 
 # ------------------------------------------------------------------------------ JSON API
@@ -186,15 +195,15 @@ def jobs_page() -> str:
 
 @app.get("/", response_class=HTMLResponse)
 def index(request: Request, triggered: str | None = None, error: str | None = None,
-          job: str | None = None) -> str:
+          job: str | None = None, dag: str | None = None) -> str:
     from rebalance.ui import pages, views
-    with _job(job) as config:
+    with _job(job, dag) as config:
         spark = _spark()
         return pages.render_index(views.instance_loads(spark, windows=views.CHART_WINDOWS),
                                   views.realised_ratios(spark, windows=views.CHART_WINDOWS),
                                   views.plans(spark, limit=100), views.assignments(spark),
                                   _health(config.dag_id), triggered=triggered, error=error,
-                                  job=job, dag_id=config.dag_id)
+                                  job=_page_job(config), dag_id=config.dag_id)
 
 
 @app.get("/plans/{plan_id}", response_class=HTMLResponse)
@@ -205,7 +214,7 @@ def plan_page(plan_id: str, job: str | None = None) -> str:
             p = views.plan(_spark(), plan_id)
         except views.NotFound as exc:
             raise HTTPException(404, str(exc)) from None
-        return pages.render_plan(p, job=job, dag_id=config.dag_id)
+        return pages.render_plan(p, job=_page_job(config), dag_id=config.dag_id)
 
 
 @app.post("/rollback")
@@ -255,7 +264,8 @@ class RebalancePlugin(AirflowPlugin):
     name = "rebalance"
     fastapi_apps = [{"app": app, "url_prefix": PREFIX, "name": "Rebalance"}]
     external_views = [
-        {"name": "Rebalance", "href": f"{PREFIX}/", "destination": "dag",
+        # Airflow fills in {DAG_ID}: each job's DAG tab opens on that job's page
+        {"name": "Rebalance", "href": f"{PREFIX}/?dag={{DAG_ID}}", "destination": "dag",
          "url_route": "rebalance-dag"},
         {"name": "Rebalance", "href": f"{PREFIX}/jobs", "destination": "nav",
          "url_route": "rebalance", "category": "browse"},

@@ -129,3 +129,32 @@ def test_a_dag_per_job_of_the_registry_with_the_jobs_defaults(tmp_path, monkeypa
     assert {Path(f).name for f in errors} == {"rebalance.py", "rebalance_rollback.py"}
     assert all(f"{path}: jobs.clicks.theta: must be a number in (0, 2], got -1" in e
                for e in errors.values())
+
+
+def test_each_jobs_dag_tab_opens_on_that_jobs_page(tmp_path, monkeypatch):
+    """The DAG tab's link names its DAG ({DAG_ID}, filled in by Airflow's UI); the view
+    reads that DAG's job, a ``?job=`` names one directly, anything else is the first job."""
+    from fastapi import HTTPException
+
+    from rebalance.core import registry
+
+    path = tmp_path / "rebalance.toml"
+    path.write_text('[jobs.keyed]\ndag_id = "rebalance"\ntables = "tables"\n[jobs.clicks]\n')
+    monkeypatch.setenv("REBALANCE_REGISTRY", str(path))
+    monkeypatch.delenv("REBALANCE_JOB_NAME", raising=False)
+    module = _plugin_module()
+    hrefs = {v["destination"]: v["href"] for v in module.RebalancePlugin.external_views}
+    assert hrefs == {"dag": "/rebalance/?dag={DAG_ID}", "nav": "/rebalance/jobs"}
+    for name, dag, expected, page in ((None, "rebalance_clicks", "clicks", "clicks"),
+                                      (None, "rebalance", "keyed", None),
+                                      (None, "rebalance_maintenance", "keyed", None),
+                                      ("clicks", None, "clicks", "clicks"),
+                                      ("keyed", "rebalance_clicks", "keyed", None)):
+        with module._job(name, dag) as job:
+            assert (job.name, registry.current_job()) == (expected, job)
+            assert module._page_job(job) == page
+    assert registry.current_job() is None
+    with pytest.raises(HTTPException) as err, module._job("nope"):
+        pass
+    assert err.value.status_code == 404
+    assert err.value.detail == f"unknown job 'nope'; the registry {path} has: keyed, clicks"
