@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import threading
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,104 @@ def test_a_job_scope_nests_and_stays_in_its_thread_or_task():
                 return registry.current_job()
         return await asyncio.gather(one(a), one(b))
     assert asyncio.run(both()) == [a, b]
+
+
+@pytest.mark.parametrize("text, where, why", [
+    ("[jobs.rollback]\n", "jobs.rollback.dag_id", "'rebalance_rollback' is reserved"),
+    ("[jobs.maintenance]\n", "jobs.maintenance.dag_id", "'rebalance_maintenance' is reserved"),
+    ("[jobs.healthcheck]\n", "jobs.healthcheck.dag_id", "'rebalance_healthcheck' is reserved"),
+    ("[jobs.c]\ndag_id = \"rebalance-cli\"\n", "jobs.c.dag_id", "'rebalance-cli' is reserved"),
+    ("[jobs.a]\ntables = \"t\"\n[jobs.b]\ntables = \"./t/\"\n", "jobs.b.tables",
+     "'./t/' is also job 'a''s ('t'); each job needs its own"),
+    ("[jobs.a]\ntables = \"/abs/t\"\n[jobs.b]\ntables = \"file:///abs/t\"\n", "jobs.b.tables",
+     "'file:///abs/t' is also job 'a''s ('/abs/t')"),
+    ("[jobs.a]\ntables = \"s3a://b/t\"\n[jobs.b]\ntables = \"s3a://b/t/\"\n", "jobs.b.tables",
+     "'s3a://b/t/' is also job 'a''s ('s3a://b/t')"),
+])
+def test_a_job_cannot_take_a_services_dag_or_another_jobs_folder(tmp_path, text, where, why):
+    path = tmp_path / "rebalance.toml"
+    path.write_text(text)
+    with pytest.raises(RegistryError) as err:
+        registry.load(path)
+    assert str(err.value).startswith(f"{path}: {where}: {why}"), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_reserved_dag_ids_are_the_services_own():
+    """A job named ``rollback`` once replaced the rollback DAG (a duplicate DAG id)."""
+    from rebalance.cli.apply import CLI_DAG_ID
+    from rebalance.spark.maintenance import DAG_ID as MAINTENANCE_DAG_ID
+
+    dags = registry.DEFAULT_FILE.parent / "dags"
+    literal = {m for f in dags.glob("*.py")
+               for m in re.findall(r'dag_id\s*=\s*"([^"]+)"', f.read_text())}
+    assert literal == {"rebalance_rollback", "rebalance_healthcheck"}
+    assert set(registry.RESERVED_DAG_IDS) == literal | {MAINTENANCE_DAG_ID, CLI_DAG_ID}
+
+
+def test_similar_folders_and_ids_stay_apart(tmp_path):
+    reg, _ = _load(tmp_path, '[jobs.a]\ntables = "t"\n[jobs.b]\ntables = "t2"\n'
+                             '[jobs.c]\ntables = "t/c"\n[jobs.rollbacks]\n')
+    assert [j.tables for j in reg.jobs] == ["t", "t2", "t/c", "jobs/rollbacks/tables"]
+    assert reg.job("rollbacks").dag_id == "rebalance_rollbacks"
+
+
+def test_a_file_not_in_utf8_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "rebalance.toml"
+    path.write_bytes(b"[jobs.caf\xe9]\n")
+    with pytest.raises(RegistryError) as err:
+        registry.load(path)
+    assert str(err.value) == f"{path}: not UTF-8 text (byte 9)"
+    path.write_bytes('[jobs.a]\ntopic = "caf\u00e9s"\n'.encode())   # UTF-8 whatever the locale
+    with pytest.raises(RegistryError, match=r"jobs\.a\.topic: must be a Kafka topic name, "
+                                            r"got 'caf\u00e9s'$"):
+        registry.load(path)
+
+
+def test_a_folder_or_a_renamed_job_clashing_is_refused(tmp_path, monkeypatch):
+    with pytest.raises(RegistryError, match=r"cannot read the job registry: Is a directory$"):
+        registry.load(tmp_path)
+    path = tmp_path / "r.toml"
+    path.write_text("[jobs.a]\n[jobs.b]\n")
+    monkeypatch.setenv("REBALANCE_JOB_NAME", "b")
+    with pytest.raises(RegistryError) as err:
+        registry.load(path)
+    assert str(err.value) == f"REBALANCE_JOB_NAME: 'b' is another job's name in {path}"
+
+
+def test_copied_contexts_keep_two_threads_jobs_apart():
+    a, b = (JobConfig(name=n, dag_id=n) for n in "ab")
+    both_in = threading.Barrier(2)
+    seen = {}
+
+    def run(job):
+        with registry.job_scope(job):
+            both_in.wait(timeout=5)           # both scopes are open at once
+            seen[job.name] = registry.current_job()
+        seen[job.name + " after"] = registry.current_job()
+
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, job))
+               for job in (a, b)]
+    with registry.job_scope(a):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert registry.current_job() is a    # the threads' scopes left this one alone
+    assert seen == {"a": a, "b": b, "a after": None, "b after": None}
+    with registry.job_scope(a), registry.job_scope(None):
+        assert registry.current_job() is None   # None: no job of its own, inside another's
+
+
+def test_the_documented_files_load_as_the_page_says(tmp_path):
+    docs = (registry.DEFAULT_FILE.parent / "docs" / "registry.md").read_text()
+    shipped, two = re.findall(r"```toml\n(.*?)```", docs, flags=re.S)
+    assert registry.parse(tomllib.loads(shipped), Path("x")).jobs == registry.load().jobs
+    keyed, clicks = registry.parse(tomllib.loads(two), Path("x")).jobs
+    assert (keyed.dag_id, keyed.tables_root(tmp_path)) == ("rebalance", tmp_path / "tables")
+    assert (clicks.dag_id, clicks.tables_root(tmp_path), clicks.app, clicks.theta,
+            clicks.schedule, clicks.require_approval, clicks.retention, clicks.spark) == (
+        "rebalance_clicks", tmp_path / "jobs/clicks/tables", "sessions", 0.2, "5m", True,
+        {"histograms": 30.0}, {"spark.sql.shuffle.partitions": "8"})
+    assert [j.name for j in registry.load(registry.DEFAULT_FILE.parent / "examples"
+                                          / "two_jobs.toml").jobs] == ["keyed", "sessions"]

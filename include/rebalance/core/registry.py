@@ -32,6 +32,9 @@ SOURCES = ("delta", "kafka")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 #: Retention per kind of table, in days (the maintenance DAG's ``*_retention_days``).
 RETENTION_KINDS = ("histograms", "results", "events")
+#: DAG ids the service's own DAGs and the CLI's plans hold: no job may take one.
+RESERVED_DAG_IDS = ("rebalance_rollback", "rebalance_maintenance", "rebalance_healthcheck",
+                    "rebalance-cli")
 
 
 class RegistryError(ValueError):
@@ -112,9 +115,11 @@ def load(path: str | Path | None = None) -> Registry:
     the first job (both as before the registry)."""
     path = Path(path) if path is not None else registry_path()
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")  # TOML is UTF-8, whatever the locale
     except OSError as exc:
         raise RegistryError(f"{path}: cannot read the job registry: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise RegistryError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -141,19 +146,34 @@ def parse(doc: Mapping[str, Any], path: Path) -> Registry:
         if not NAME.fullmatch(env_name):
             raise RegistryError(f"REBALANCE_JOB_NAME: {env_name!r} is not a job name "
                                 f"(letters, digits, _ and -)")
+        if any(j.name == env_name for j in jobs[1:]):
+            raise RegistryError(f"REBALANCE_JOB_NAME: {env_name!r} is another job's name "
+                                f"in {path}")
         jobs[0] = _replace(jobs[0], name=env_name)
     env_schedule = os.environ.get("REBALANCE_SCHEDULE")
     if env_schedule:
         jobs = [_replace(j, schedule=env_schedule) for j in jobs]
     for attr in ("name", "dag_id", "tables"):
-        seen: dict[str, str] = {}
+        seen: dict[str, JobConfig] = {}
         for job in jobs:
             value = getattr(job, attr)
-            if value in seen:
-                raise fail(f"jobs.{job.name}.{attr}",
-                           f"{value!r} is also job {seen[value]!r}'s; each job needs its own")
-            seen[value] = job.name
+            key = _folder(value) if attr == "tables" else value
+            if key in seen:
+                other = seen[key]
+                spelt = "" if getattr(other, attr) == value else f" ({getattr(other, attr)!r})"
+                raise fail(f"jobs.{job.name}.{attr}", f"{value!r} is also job {other.name!r}'s"
+                                                      f"{spelt}; each job needs its own")
+            seen[key] = job
     return Registry(path=path, jobs=tuple(jobs), service=service)
+
+
+def _folder(tables: str) -> str:
+    """``tables`` as one spelling per folder: ``t``, ``./t`` and ``t/`` are one, and so are
+    ``/a/t`` and ``file:///a/t`` (as :meth:`JobConfig.tables_root` reads them)."""
+    scheme, sep, rest = tables.partition("://")
+    if sep and scheme != "file":
+        return tables.rstrip("/")
+    return os.path.normpath(os.path.expanduser(rest if sep else tables))
 
 
 def _replace(job: JobConfig, **changes: Any) -> JobConfig:
@@ -217,6 +237,9 @@ def _job(name: str, spec: dict[str, Any], fail) -> JobConfig:
     for key, (ok, what) in checks.items():
         if not ok(values[key]):
             raise fail(where(key), f"must be {what}, got {values.get(key)!r}")
+    if values["dag_id"] in RESERVED_DAG_IDS:
+        raise fail(where("dag_id"), f"{values['dag_id']!r} is reserved (the service's own "
+                                    f"DAGs, the CLI's plans); set another dag_id")
     retention = _table(values.get("retention", {}), where("retention"), fail)
     for kind, days in retention.items():
         if kind not in RETENTION_KINDS:
