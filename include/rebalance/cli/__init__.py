@@ -17,11 +17,13 @@ line ``rebalance <command>: error: <message>`` with exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import signal
 import sys
 from importlib import import_module
+from pathlib import Path
 
 from rebalance import __version__
 
@@ -60,6 +62,8 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         text = " ".join(str(message).split())
+        if text.startswith("unrecognized arguments") and "--job" in text.split():
+            text += " (--job NAME goes before the command: rebalance --job NAME <command>)"
         print(f"{self.prog}: error: {text}", file=sys.stderr)
         raise _ArgumentError(text)
 
@@ -89,6 +93,21 @@ def for_users(text: str | None) -> str | None:
     if not text:
         return text
     return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "`")
+
+
+@contextlib.contextmanager
+def job_scope(name: str):
+    """``rebalance --job NAME``: the registry's job ``NAME`` as the current one for the
+    command (:func:`rebalance.core.registry.job_scope`); an unknown job, a bad registry or
+    tables the CLI cannot reach are refused before the command runs."""
+    from rebalance.core import registry
+
+    job = registry.load().job(name)
+    if not isinstance(job.tables_root(Path()), Path):
+        raise UserError(f"job {name!r}: not a local table path: {job.tables} (the CLI reads "
+                        f"tables through delta-rs, on local paths)")
+    with registry.job_scope(job):
+        yield job
 
 
 def _on_sigterm(signum, frame):  # pragma: no cover - exercised in a subprocess
@@ -123,9 +142,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "registry_job", None) is None:
             return int(args.func(args) or 0)
-        from rebalance.core import registry
-
-        with registry.job_scope(registry.load().job(args.registry_job)):
+        with job_scope(args.registry_job):
             return int(args.func(args) or 0)
     except ValueError as exc:  # UserError, PlanningError, RegistryError ... : one clear line
         print(f"rebalance {args.command}: error: {exc}", file=sys.stderr)

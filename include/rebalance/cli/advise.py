@@ -4,10 +4,11 @@
                      [--load-model MODEL] [--method METHOD] [--history W] [--thetas T ...]
                      [--out DIR]
 
-Replays the job's windows (HISTOGRAMS, default the job's ``key_histograms`` table under
-``REBALANCE_DATA_DIR``) with the backtest at the job's theta and at a grid of thetas
-(:mod:`rebalance.core.backtest.advise`), planning as the DAG does by default, and prints
-whether plans keep theta, the smallest theta that holds, and what plans gain over staying.
+Replays the job's windows (HISTOGRAMS, default the job's ``key_histograms`` table: under
+``REBALANCE_DATA_DIR``, or ``rebalance --job NAME``'s) with the backtest at the job's theta
+and at a grid of thetas (:mod:`rebalance.core.backtest.advise`), planning as the DAG does
+by default, and prints whether plans keep theta, the smallest theta that holds, and what
+plans gain over staying.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("histograms", metavar="HISTOGRAMS", nargs="?", default=None,
                    help="Delta table directory, Parquet file/directory or CSV file with columns "
                         "window_start, key, count [, cost, state_bytes] (default: the job's "
-                        "key_histograms table under REBALANCE_DATA_DIR)")
+                        "key_histograms table under REBALANCE_DATA_DIR, or "
+                        "rebalance --job NAME's)")
     p.add_argument("--instances", required=True, type=int, metavar="N",
                    help="number of instances (>= 1)")
     p.add_argument("--theta", type=float, default=DEFAULT_THETA, metavar="T",
@@ -103,10 +105,11 @@ def _check(args) -> None:
 
 
 def default_histograms() -> Path:
-    """The job's ``key_histograms`` table under ``REBALANCE_DATA_DIR``."""
-    from rebalance.spark.paths import data_dir
+    """The job's ``key_histograms`` table: under ``REBALANCE_DATA_DIR``, or with
+    ``rebalance --job NAME`` in that job's tables."""
+    from rebalance.spark.tables import KEY_HISTOGRAMS
 
-    return data_dir() / "tables" / "key_histograms"
+    return Path(KEY_HISTOGRAMS.path())
 
 
 def run_advise(args: argparse.Namespace) -> int:
