@@ -35,9 +35,12 @@ PLAN_TIMEOUT = 12 * 60
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    # two streaming jobs share the two cores: half the test stack's events per second
+    # two streaming jobs share the two cores: half the test stack's events per second, in
+    # windows twice as long, so that a window still holds about 4000 events (a plan's
+    # verification on one window is as steady as in the other service tests)
     service = ServiceStack(tmp_path_factory.mktemp("two-jobs-service"),
-                           registry=REPO / "examples" / "two_jobs.toml", events_per_second=400)
+                           registry=REPO / "examples" / "two_jobs.toml", events_per_second=400,
+                           window_seconds=10)
     try:
         service.start()
         yield service
@@ -144,5 +147,11 @@ def _jobs_page_in_a_browser(stack, plans) -> None:
                                 f"?job=sessions']").count() >= 1
             assert page.locator(f"a[href*='{plans['keyed'].plan_id}']").count() == 0
             ui.shot("jobs-page-sessions")
+            # the Rebalance tab of the sessions job's DAG opens on the sessions job's page
+            page.goto(f"{ui.base}/dags/rebalance_sessions/plugin/rebalance-dag")
+            frame = page.frame_locator("iframe[title=Rebalance]")
+            frame.locator("h1", has_text="Rebalance: job sessions").wait_for()
+            assert frame.locator(f"a[href*='{plans['sessions'].plan_id}']").count() >= 1
+            assert frame.locator(f"a[href*='{plans['keyed'].plan_id}']").count() == 0
         finally:
             browser.close()
