@@ -75,10 +75,9 @@ class JobConfig:
 
     def tables_root(self, data_dir: Path) -> Path | str:
         """The job's tables folder (a local path), or its URI when not a local one."""
-        scheme, sep, rest = self.tables.partition("://")
-        if sep and scheme != "file":
+        path = _local(self.tables)
+        if path is None:
             return self.tables
-        path = Path(rest if sep else self.tables).expanduser()
         return path if path.is_absolute() else data_dir / path
 
 
@@ -149,10 +148,10 @@ def parse(doc: Mapping[str, Any], path: Path) -> Registry:
         if any(j.name == env_name for j in jobs[1:]):
             raise RegistryError(f"REBALANCE_JOB_NAME: {env_name!r} is another job's name "
                                 f"in {path}")
-        jobs[0] = _replace(jobs[0], name=env_name)
+        jobs[0] = dataclasses.replace(jobs[0], name=env_name)
     env_schedule = os.environ.get("REBALANCE_SCHEDULE")
     if env_schedule:
-        jobs = [_replace(j, schedule=env_schedule) for j in jobs]
+        jobs = [dataclasses.replace(j, schedule=env_schedule) for j in jobs]
     for attr in ("name", "dag_id", "tables"):
         seen: dict[str, JobConfig] = {}
         for job in jobs:
@@ -167,19 +166,20 @@ def parse(doc: Mapping[str, Any], path: Path) -> Registry:
     return Registry(path=path, jobs=tuple(jobs), service=service)
 
 
+def _local(tables: str) -> Path | None:
+    """The folder a ``tables`` value names (a path or a ``file://`` URI, ``~`` expanded,
+    relative as written), or None for another URI (``s3a://`` ...)."""
+    scheme, sep, rest = tables.partition("://")
+    if sep and scheme != "file":
+        return None
+    return Path(rest if sep else tables).expanduser()
+
+
 def _folder(tables: str) -> str:
     """``tables`` as one spelling per folder: ``t``, ``./t`` and ``t/`` are one, and so are
     ``/a/t`` and ``file:///a/t`` (as :meth:`JobConfig.tables_root` reads them)."""
-    scheme, sep, rest = tables.partition("://")
-    if sep and scheme != "file":
-        return tables.rstrip("/")
-    return os.path.normpath(os.path.expanduser(rest if sep else tables))
-
-
-def _replace(job: JobConfig, **changes: Any) -> JobConfig:
-    from dataclasses import replace
-
-    return replace(job, **changes)
+    path = _local(tables)
+    return tables.rstrip("/") if path is None else os.path.normpath(path)
 
 
 def _table(value: Any, where: str, fail, required: bool = False) -> dict[str, Any]:
