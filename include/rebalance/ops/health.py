@@ -141,8 +141,8 @@ def service_lines(service: Any, states: dict[str, str],
         except AirflowError as exc:
             why = f"unknown: {exc}"
     out = []
-    for i, job in enumerate(service.s.registry.jobs):
-        prefix, component = ("", "job") if i == 0 else (f"{job.name} ", f"job-{job.name}")
+    for i, (component, job) in enumerate(service.s.job_components.items()):
+        prefix = "" if i == 0 else f"{job.name} "
         line = ("job", job_line(Path(job.tables_root(service.s.data)),
                                 states.get(component, "").startswith("running"),
                                 service.s.window_seconds))

@@ -148,7 +148,8 @@ def components(s: Settings) -> list[Component]:
                                 *(["--sink", "kafka", *sink] if kafka else [])],
                   genv, ready_line="following", stop_signal=signal.SIGINT),
         job_component(s, env, sink),
-        *[other_job_component(s, env, job) for job in s.other_jobs],
+        *[other_job_component(s, env, name, job)
+          for name, job in list(s.job_components.items())[1:]],
         Component("api-server", [airflow, "api-server", "--host", HOST, "--port", str(s.api_port)],
                   aenv, port=s.api_port, ready_url=f"{s.api_url}/api/v2/monitor/health"),
         # One machine: task logs are read from the files; no log server (it binds 0.0.0.0).
@@ -191,7 +192,9 @@ def job_component(s: Settings, env: dict[str, str], sink: list[str]) -> Componen
                      quiet_python_workers(env, s.logs / "job-python-worker.log"),
                      ready_line="running", stop_signal=signal.SIGINT, ready_later=True)
 
-def other_job_component(s: Settings, env: dict[str, str], job: JobConfig) -> Component:
+
+def other_job_component(s: Settings, env: dict[str, str], name: str,
+                        job: JobConfig) -> Component:
     """A registry job after the first: its example app under ``rebalanced()``, over the
     first job's events, with its own tables, checkpoint and instances."""
     first = s.registry.jobs[0]
@@ -203,8 +206,8 @@ def other_job_component(s: Settings, env: dict[str, str], job: JobConfig) -> Com
             "--tables-root", str(job.tables_root(s.data)),
             "--events-root", str(first.tables_root(s.data)),
             *[arg for key, value in job.spark.items() for arg in ("--conf", f"{key}={value}")]]
-    return Component(f"job-{job.name}", [sys.executable, *argv],
-                     quiet_python_workers(env, s.logs / f"job-{job.name}-python-worker.log"),
+    return Component(name, [sys.executable, *argv],
+                     quiet_python_workers(env, s.logs / f"{name}-python-worker.log"),
                      ready_line="running", stop_signal=signal.SIGINT, ready_later=True)
 
 
@@ -345,9 +348,7 @@ class Service:
 
             service_dags.unpause(self, self.s.dag_ids)
             generator = Record.load(self.record_path("generator"))
-            first = {"job": self.s.registry.jobs[0]} | {
-                f"job-{j.name}": j for j in self.s.other_jobs}
-            for name, job in first.items():   # not the schedule's first slot
+            for name, job in self.s.job_components.items():   # not the schedule's first slot
                 if name in started and generator is not None:
                     service_dags.trigger_first_run(self, generator.started_at, job.dag_id)
         return started

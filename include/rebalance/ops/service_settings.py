@@ -129,6 +129,12 @@ class Settings:
         return self.registry.jobs[1:]
 
     @property
+    def job_components(self) -> dict[str, JobConfig]:
+        """Each job by the name of the component that runs it: ``job`` for the first,
+        ``job-<name>`` for every other one."""
+        return {"job": self.registry.jobs[0]} | {f"job-{j.name}": j for j in self.other_jobs}
+
+    @property
     def dag_ids(self) -> tuple[str, ...]:
         """Every job's DAG, then :data:`OPS_DAGS`."""
         return (*(j.dag_id for j in self.registry.jobs), *OPS_DAGS)
