@@ -68,7 +68,8 @@ def _spark():
 @contextmanager
 def _job(name: str | None, dag: str | None = None):
     """Read as the registry's job ``name``, else the job whose DAG is ``dag`` (the DAG
-    tab's link), else the first; an unknown name: 404 naming the jobs."""
+    tab's link), else the first; an unknown name: 404 naming the jobs. Yields the job and
+    the name a page's links carry (``?job=``; None for the registry's first job)."""
     from rebalance.core import registry
 
     try:
@@ -77,14 +78,7 @@ def _job(name: str | None, dag: str | None = None):
     except registry.RegistryError as exc:
         raise HTTPException(404, str(exc)) from None
     with registry.job_scope(job):
-        yield job
-
-
-def _page_job(job) -> str | None:
-    """The job a page's links carry (``?job=``): none for the registry's first job."""
-    from rebalance.core import registry
-
-    return None if job == registry.load().job() else job.name
+        yield job, (None if job == reg.job() else job.name)
 
 
 # ------------------------------------------------------------------------------ JSON API
@@ -123,7 +117,7 @@ def api_loads(windows: int = 60, job: str | None = None) -> JSONResponse:
 
 @app.get("/api/health")
 def api_health(job: str | None = None) -> JSONResponse:
-    with _job(job) as config:
+    with _job(job) as (config, _):
         return JSONResponse(_health(config.dag_id))
 
 
@@ -197,24 +191,24 @@ def jobs_page() -> str:
 def index(request: Request, triggered: str | None = None, error: str | None = None,
           job: str | None = None, dag: str | None = None) -> str:
     from rebalance.ui import pages, views
-    with _job(job, dag) as config:
+    with _job(job, dag) as (config, page_job):
         spark = _spark()
         return pages.render_index(views.instance_loads(spark, windows=views.CHART_WINDOWS),
                                   views.realised_ratios(spark, windows=views.CHART_WINDOWS),
                                   views.plans(spark, limit=100), views.assignments(spark),
                                   _health(config.dag_id), triggered=triggered, error=error,
-                                  job=_page_job(config), dag_id=config.dag_id)
+                                  job=page_job, dag_id=config.dag_id)
 
 
 @app.get("/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(plan_id: str, job: str | None = None) -> str:
     from rebalance.ui import pages, views
-    with _job(job) as config:
+    with _job(job) as (config, page_job):
         try:
             p = views.plan(_spark(), plan_id)
         except views.NotFound as exc:
             raise HTTPException(404, str(exc)) from None
-        return pages.render_plan(p, job=_page_job(config), dag_id=config.dag_id)
+        return pages.render_plan(p, job=page_job, dag_id=config.dag_id)
 
 
 @app.post("/rollback")

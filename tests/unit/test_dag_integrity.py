@@ -150,9 +150,9 @@ def test_each_jobs_dag_tab_opens_on_that_jobs_page(tmp_path, monkeypatch):
                                       (None, "rebalance_maintenance", "keyed", None),
                                       ("clicks", None, "clicks", "clicks"),
                                       ("keyed", "rebalance_clicks", "keyed", None)):
-        with module._job(name, dag) as job:
+        with module._job(name, dag) as (job, page_job):
             assert (job.name, registry.current_job()) == (expected, job)
-            assert module._page_job(job) == page
+            assert page_job == page
     assert registry.current_job() is None
     with pytest.raises(HTTPException) as err, module._job("nope"):
         pass
