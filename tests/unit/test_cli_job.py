@@ -113,7 +113,7 @@ def test_job_after_the_command_says_where_it_goes(two_jobs, capsys):
         "command: rebalance --job NAME <command>)\n")
 
 
-def test_a_missing_registry_or_tables_off_the_local_disk_are_one_line(two_jobs, capsys,
+def test_a_missing_registry_or_tables_no_engine_writes_are_one_line(two_jobs, capsys,
                                                                       monkeypatch, no_spark):
     path, _ = two_jobs
     missing = path.parent / "none.toml"
@@ -123,11 +123,11 @@ def test_a_missing_registry_or_tables_off_the_local_disk_are_one_line(two_jobs, 
         f"rebalance history: error: {missing}: cannot read the job registry: "
         "No such file or directory\n")
     monkeypatch.setenv("REBALANCE_REGISTRY", str(path))
-    path.write_text('[jobs.keyed]\ntables = "s3a://bucket/keyed"\n')
+    path.write_text('[jobs.keyed]\ntables = "gs://bucket/keyed"\n')
     assert main(["--job", "keyed", "status"]) == 2
     assert capsys.readouterr().err == (
-        "rebalance status: error: job 'keyed': not a local table path: s3a://bucket/keyed "
-        "(the CLI reads tables through delta-rs, on local paths)\n")
+        f"rebalance status: error: {path}: jobs.keyed.tables: the URI scheme 'gs' is not "
+        "supported; use a folder, s3a:// or file://\n")
 
 
 def test_trigger_runs_the_jobs_dag_and_reads_its_plans(two_jobs, capsys, monkeypatch):

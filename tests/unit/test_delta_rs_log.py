@@ -32,8 +32,8 @@ def test_the_files_a_commit_added_in_the_order_of_its_log(tmp_path):
     assert version_files(None, str(table), 3) == ["b.parquet", "a.parquet"]
     with pytest.raises(delta_rs.DeltaRsError, match="commit 4"):
         delta_rs.added_files(table, 4)                                   # removed by cleanup
-    with pytest.raises(ValueError, match="not a local table path"):
-        delta_rs.added_files("s3a://bucket/events", 3)
+    with pytest.raises(ValueError, match="not a table path delta-rs reads"):
+        delta_rs.added_files("gs://bucket/events", 3)
 
 
 def test_the_last_checkpoint_and_the_log_folder(tmp_path):
@@ -45,8 +45,9 @@ def test_the_last_checkpoint_and_the_log_folder(tmp_path):
     (table / "_delta_log" / "_last_checkpoint").write_text('{"version":20,"size":7}')
     assert delta_rs.last_checkpoint(table) == 20
     assert delta_rs.last_checkpoint(f"file://{table}") == 20
-    assert delta_rs.last_checkpoint("s3a://bucket/plans") is None
-    assert not delta_rs.has_log("s3a://bucket/plans")
+    assert not delta_rs.has_log("gs://bucket/plans")
+    with pytest.raises(ValueError, match="not a table path delta-rs reads"):
+        delta_rs.last_checkpoint("gs://bucket/plans")
 
 
 def test_history_entries_carry_their_operation_metrics(tmp_path):

@@ -209,11 +209,10 @@ def test_the_log_version_is_the_newest_commit_file_and_none_without_one(tmp_path
     assert log_version(table) == 10 and log_version(f"file://{table}") == 10
     (table / "_delta_log" / "00000000000000000011.json").write_text("{}")
     assert log_version(str(table)) == 11
-    assert log_version("s3a://bucket/tables/restarts") is None   # a URI: read it instead
     assert local_path("s3a://b/t") is None and local_path(f"file://{table}") == table
 
 
-def test_commit_versions_are_the_commit_files_only_and_none_for_a_uri(tmp_path):
+def test_commit_versions_are_the_commit_files_only(tmp_path):
     from rebalance.spark.delta_rs import commit_versions
     from rebalance.spark.maintenance import _log_entries
 
@@ -226,5 +225,5 @@ def test_commit_versions_are_the_commit_files_only_and_none_for_a_uri(tmp_path):
                  "00000000000000000002.json.tmp", "_last_checkpoint"):
         (table / "_delta_log" / name).write_text("{}")
     assert sorted(commit_versions(table)) == [0, 1] and _log_entries(str(table)) == 2
-    assert commit_versions("s3a://bucket/tables/plans") is None
-    assert _log_entries("s3a://bucket/tables/plans") is None
+    with pytest.raises(ValueError, match="not a table path delta-rs reads"):
+        commit_versions("gs://bucket/tables/plans")

@@ -23,7 +23,6 @@ import re
 import signal
 import sys
 from importlib import import_module
-from pathlib import Path
 
 from rebalance import __version__
 
@@ -98,14 +97,11 @@ def for_users(text: str | None) -> str | None:
 @contextlib.contextmanager
 def job_scope(name: str):
     """``rebalance --job NAME``: the registry's job ``NAME`` as the current one for the
-    command (:func:`rebalance.core.registry.job_scope`); an unknown job, a bad registry or
-    tables the CLI cannot reach are refused before the command runs."""
+    command (:func:`rebalance.core.registry.job_scope`); an unknown job or a bad registry
+    are refused before the command runs."""
     from rebalance.core import registry
 
     job = registry.load().job(name)
-    if not isinstance(job.tables_root(Path()), Path):
-        raise UserError(f"job {name!r}: not a local table path: {job.tables} (the CLI reads "
-                        f"tables through delta-rs, on local paths)")
     with registry.job_scope(job):
         yield job
 

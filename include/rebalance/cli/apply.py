@@ -59,13 +59,12 @@ def cli_spark_session():
 
 
 def cli_read_session():
-    """The session a command that only reads needs: none when the tables are local (they
-    are read through delta-rs, :mod:`rebalance.spark.delta_rs`: no JVM starts), else
+    """The session a command that only reads needs: none when delta-rs reads the tables (a
+    folder, or the object store: :mod:`rebalance.spark.delta_rs`, no JVM starts), else
     :func:`cli_spark_session`."""
-    from rebalance.spark import tables
-    from rebalance.spark.paths import local_path
+    from rebalance.spark import delta_rs, tables
 
-    return None if local_path(tables.tables_root()) is not None else cli_spark_session()
+    return None if delta_rs.readable(tables.tables_root()) else cli_spark_session()
 
 
 def refuse_unreadable_tables(spark, root=None) -> None:

@@ -74,10 +74,11 @@ def log_versions(check: str, job: dict[str, Any] | None = None
     from rebalance.core import registry
     from rebalance.spark import tables
     from rebalance.spark.delta_rs import log_ident
+    from rebalance.spark.paths import join
 
     with registry.job_scope(jobs.from_dict(job)):
         root = tables.tables_root()
-    return {name: log_ident(root / name) for name in WATCHED.get(check, ())}
+    return {name: log_ident(join(root, name)) for name in WATCHED.get(check, ())}
 
 
 def unchanged(before: dict[str, Any], now: dict[str, Any]) -> bool:

@@ -33,12 +33,31 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 #: Retention per kind of table, in days (the maintenance DAG's ``*_retention_days``).
 RETENTION_KINDS = ("histograms", "results", "events")
 #: DAG ids the service's own DAGs and the CLI's plans hold: no job may take one.
+#: URI schemes a job's tables may use beside a local path: Hadoop's S3 connector, which
+#: Spark writes through and delta-rs reads (``[service.object_store]``), and ``file``.
+URI_SCHEMES = ("s3a", "file")
 RESERVED_DAG_IDS = ("rebalance_rollback", "rebalance_maintenance", "rebalance_healthcheck",
                     "rebalance-cli")
 
 
 class RegistryError(ValueError):
     """The registry file is missing, not TOML, or a field is wrong (one line, the field)."""
+
+
+@dataclass(frozen=True)
+class ObjectStore:
+    """The S3-compatible store of the jobs' ``s3a://`` tables (``[service.object_store]``):
+    its endpoint (None: AWS's own), region and addressing. Credentials are never in the
+    file: both engines take them from the environment (``AWS_ACCESS_KEY_ID``, ...)."""
+
+    endpoint: str | None = None
+    region: str = "us-east-1"
+    #: Bucket in the path (``http://host/bucket/key``), as most S3-compatible servers want.
+    path_style: bool = True
+
+    @property
+    def allow_http(self) -> bool:
+        return bool(self.endpoint) and self.endpoint.startswith("http://")
 
 
 @dataclass(frozen=True)
@@ -49,6 +68,7 @@ class ServiceConfig:
     connect_port: int | None = None
     kafka_port: int | None = None
     airflow_home: str | None = None
+    object_store: ObjectStore = ObjectStore()
 
 
 @dataclass(frozen=True)
@@ -192,6 +212,10 @@ def _table(value: Any, where: str, fail, required: bool = False) -> dict[str, An
 
 def _service(spec: dict[str, Any], fail) -> ServiceConfig:
     known = ServiceConfig.__dataclass_fields__
+    spec = dict(spec)
+    if "object_store" in spec:
+        spec["object_store"] = _object_store(
+            _table(spec["object_store"], "service.object_store", fail), fail)
     for key, value in spec.items():
         where = f"service.{key}"
         if key not in known:
@@ -201,6 +225,42 @@ def _service(spec: dict[str, Any], fail) -> ServiceConfig:
         if key == "airflow_home" and not (isinstance(value, str) and value):
             raise fail(where, f"must be a non-empty path, got {value!r}")
     return ServiceConfig(**spec)
+
+
+def _object_store(spec: dict[str, Any], fail) -> ObjectStore:
+    known = ObjectStore.__dataclass_fields__
+    for key, value in spec.items():
+        where = f"service.object_store.{key}"
+        if key not in known:
+            raise fail(where, f"unknown field; known: {', '.join(known)} (credentials come "
+                              f"from the environment, never from this file)")
+        if key == "endpoint" and not (isinstance(value, str)
+                                      and re.fullmatch(r"https?://[^/\s]+/?", value)):
+            raise fail(where, f"must be an http:// or https:// URL of the store, without a "
+                              f"path, got {value!r}")
+        if key == "region" and not (isinstance(value, str) and re.fullmatch(r"[a-z0-9-]+", value)):
+            raise fail(where, f"must be a region name such as \"us-east-1\", got {value!r}")
+        if key == "path_style" and not isinstance(value, bool):
+            raise fail(where, f"must be true or false, got {value!r}")
+    if "endpoint" in spec:
+        spec = {**spec, "endpoint": spec["endpoint"].rstrip("/")}
+    return ObjectStore(**spec)
+
+
+def _tables_problem(value: Any) -> str | None:
+    """Why a ``tables`` value is refused, None when it is a folder or a URI the engines
+    write (:data:`URI_SCHEMES`; an ``s3a://`` URI names a bucket)."""
+    if not (isinstance(value, str) and value.strip() == value and value):
+        return "must be a folder (relative to the data folder, or absolute) or a URI"
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        return None
+    if scheme not in URI_SCHEMES:
+        return (f"the URI scheme {scheme!r} is not supported; use a folder, "
+                f"{' or '.join(s + '://' for s in URI_SCHEMES)}")
+    if scheme == "s3a" and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^/].*)?", rest):
+        return f"an s3a:// URI names a bucket and a folder (s3a://bucket/folder), got {value!r}"
+    return None
 
 
 def _job(name: str, spec: dict[str, Any], fail) -> JobConfig:
@@ -225,8 +285,6 @@ def _job(name: str, spec: dict[str, Any], fail) -> JobConfig:
         "source": (lambda v: v in SOURCES, f"one of {', '.join(SOURCES)}"),
         "topic": (lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,249}", v),
                   "a Kafka topic name"),
-        "tables": (lambda v: isinstance(v, str) and v.strip() == v and v,
-                   "a folder (relative to the data folder, or absolute) or a URI"),
         "instances": (lambda v: _is_int(v) and 1 <= v <= 4096, "an integer in [1, 4096]"),
         "theta": (lambda v: theta_problem(v) is None and v <= 2, "a number in (0, 2]"),
         "schedule": (lambda v: v is None or (isinstance(v, str) and v.strip()),
@@ -237,6 +295,9 @@ def _job(name: str, spec: dict[str, Any], fail) -> JobConfig:
     for key, (ok, what) in checks.items():
         if not ok(values[key]):
             raise fail(where(key), f"must be {what}, got {values.get(key)!r}")
+    problem = _tables_problem(values["tables"])
+    if problem:
+        raise fail(where("tables"), problem)
     if values["dag_id"] in RESERVED_DAG_IDS:
         raise fail(where("dag_id"), f"{values['dag_id']!r} is reserved (the service's own "
                                     f"DAGs, the CLI's plans); set another dag_id")

@@ -6,8 +6,9 @@ to tables without writer features (``events``, ``plans``, ``plan_assignments``,
 ``control``) can go through :func:`append` and :func:`update` with the commit metadata and
 transaction id a Spark write carries; ``assignments`` and the streaming job stay on Spark.
 A read sees one committed snapshot (the newest, or ``version``), with TIMESTAMP columns as
-naive UTC datetimes like Spark's ``toPandas()``; tables are local folders or ``file://``
-URIs. Why and which engine does what: ``docs/streaming.md``, "Tables" (two engines).
+naive UTC datetimes like Spark's ``toPandas()``; tables are local folders, ``file://``
+URIs or ``s3a://`` URIs of the object store (:mod:`rebalance.spark.object_store`). Why
+and which engine does what: ``docs/streaming.md``, "Tables" (two engines).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from rebalance.spark import object_store
 from rebalance.spark.paths import local_path
 
 
@@ -48,21 +49,62 @@ def local(path: str | Path) -> Path | None:
     return local_path(path)
 
 
-def exists(path: str | Path) -> bool:
-    """Whether a local folder holds a Delta table (a commit in its ``_delta_log``): one
-    directory listing."""
+def readable(path: str | Path) -> bool:
+    """Whether delta-rs reads and writes a table here: a local folder, a ``file://`` URI
+    or the object store's ``s3a://``."""
+    return local(path) is not None or object_store.is_object_store(path)
+
+
+def location(path: str | Path) -> str:
+    """The table's location as delta-rs takes it (a folder, or the URI)."""
+    if not readable(path):
+        raise ValueError(f"not a table path delta-rs reads (a folder, file:// or s3a://): "
+                         f"{path}")
     folder = local(path)
-    if folder is None:
-        raise ValueError(f"not a local table path: {path}")
-    log = folder / "_delta_log"
-    return log.is_dir() and any(log.glob("*.json"))
+    return str(folder) if folder is not None else str(path).rstrip("/")
+
+
+def _log(path: str | Path):
+    """The ``_delta_log`` folder's entries (Arrow ``FileInfo``, in listing order); None when
+    there is no such folder. One listing, local or on the object store."""
+    import pyarrow.fs as pafs
+
+    location(path)  # refuses a URI it cannot read
+    fs, base = object_store.filesystem(path)
+    log = f"{base}/_delta_log"
+    if fs.get_file_info(log).type != pafs.FileType.Directory:
+        return None
+    return fs.get_file_info(pafs.FileSelector(log, allow_not_found=True))
+
+
+def _read_log_file(path: str | Path, name: str) -> str:
+    """The text of one file of the table's ``_delta_log`` (OSError when it is absent)."""
+    location(path)  # refuses a URI it cannot read
+    fs, base = object_store.filesystem(path)
+    with fs.open_input_stream(f"{base}/_delta_log/{name}") as stream:
+        return stream.read().decode("utf-8")
+
+
+def _versions(entries) -> dict[int, Any]:
+    """Commit version -> its ``NNNN.json`` entry."""
+    out = {}
+    for entry in entries or []:
+        name = entry.base_name
+        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+            out[int(name[:20])] = entry
+    return out
+
+
+def exists(path: str | Path) -> bool:
+    """Whether the location holds a Delta table (a commit in its ``_delta_log``): one
+    listing."""
+    return bool(_versions(_log(path)))
 
 
 def has_log(path: str | Path) -> bool:
-    """Whether a local folder has a ``_delta_log`` folder: a Delta table, or one whose
-    first commit is still to come (:func:`exists` asks for a commit). False for a URI."""
-    folder = local(path)
-    return folder is not None and (folder / "_delta_log").is_dir()
+    """Whether the location has a ``_delta_log`` folder: a Delta table, or one whose first
+    commit is still to come (:func:`exists` asks for a commit)."""
+    return readable(path) and _log(path) is not None
 
 
 def table(path: str | Path, version: int | None = None):
@@ -73,7 +115,8 @@ def table(path: str | Path, version: int | None = None):
     if not exists(path):
         return None
     try:
-        return DeltaTable(str(local(path)), version=version)
+        return DeltaTable(location(path), version=version,
+                          storage_options=object_store.storage_options(path))
     except Exception as exc:  # noqa: BLE001 - delta-rs raises several kinds for a bad log
         raise DeltaRsError(f"{path}: {_first_line(exc)}") from None
 
@@ -89,49 +132,36 @@ def _names(t) -> list[str]:
 
 
 # ------------------------------------------------------------ has the table changed
-def commit_versions(table_path: str | Path) -> list[int] | None:
-    """The commit versions in a local Delta table's log folder (``NNNN.json`` files, in
-    listing order), from file names alone (no Spark job); none for a folder without a log.
-    None for a URI."""
-    folder = local_path(table_path)
-    if folder is None:
-        return None
-    try:
-        names = os.listdir(folder / "_delta_log")
-    except OSError:
-        return []
-    return [int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()]
+def commit_versions(table_path: str | Path) -> list[int]:
+    """The commit versions in a Delta table's log folder (``NNNN.json`` files), from file
+    names alone (one listing, no Spark job); none for a location without a log."""
+    return list(_versions(_log(table_path)))
 
 
 def log_ident(table_path: str | Path) -> tuple[int, int] | None:
-    """(newest commit version, its file's modification time in ns) of a local Delta table:
+    """(newest commit version, its file's modification time in ns) of a Delta table:
     changes with every commit, and tells a table created again from the one it replaced.
-    None for a URI or a folder with no commit."""
-    version = log_version(table_path)
-    if version is None:
+    None for a location with no commit. One listing."""
+    versions = _versions(_log(table_path))
+    if not versions:
         return None
-    try:
-        stat = (local_path(table_path) / "_delta_log" / f"{version:020d}.json").stat()
-    except OSError:
-        return None
-    return version, stat.st_mtime_ns
+    newest = max(versions)
+    return newest, versions[newest].mtime_ns or 0
 
 
 def log_version(table_path: str | Path) -> int | None:
-    """The newest commit version of a local Delta table (:func:`commit_versions`: a poll
-    that finds a table unchanged costs one directory listing). None for a URI or a folder
-    with no commit: the caller then reads the table itself."""
-    return max(commit_versions(table_path) or [], default=None)
+    """The newest commit version of a Delta table (:func:`commit_versions`: a poll that
+    finds a table unchanged costs one listing); None for a location with no commit."""
+    return max(commit_versions(table_path), default=None)
 
 
 def last_checkpoint(path: str | Path) -> int | None:
-    """The version of a local table's newest checkpoint, from its ``_last_checkpoint``
-    marker (one small file read); None without one, or for a URI."""
-    folder = local(path)
-    marker = None if folder is None else folder / "_delta_log" / "_last_checkpoint"
-    if marker is None or not marker.is_file():
+    """The version of a table's newest checkpoint, from its ``_last_checkpoint`` marker
+    (one small file read); None without one."""
+    try:
+        return int(json.loads(_read_log_file(path, "_last_checkpoint"))["version"])
+    except (OSError, FileNotFoundError):
         return None
-    return int(json.loads(marker.read_text())["version"])
 
 
 def added_files(path: str | Path, version: int) -> list[str]:
@@ -140,11 +170,8 @@ def added_files(path: str | Path, version: int) -> list[str]:
     the order Delta's streaming source numbers a version's files in (its offsets'
     ``index``). :class:`DeltaRsError` when the commit's file cannot be read (removed by
     the log's cleanup)."""
-    folder = local(path)
-    if folder is None:
-        raise ValueError(f"not a local table path: {path}")
     try:
-        lines = (folder / "_delta_log" / f"{int(version):020d}.json").read_text().splitlines()
+        lines = _read_log_file(path, f"{int(version):020d}.json").splitlines()
     except OSError as exc:
         raise DeltaRsError(f"{path}: commit {version}: {_first_line(exc)}") from None
     out = []
@@ -304,7 +331,7 @@ def arrow_schema(schema) -> pa.Schema:
 
 
 def create(path: str | Path, schema: pa.Schema) -> bool:
-    """Create an empty table of ``schema`` at the local ``path`` (version 0, protocol 1/2
+    """Create an empty table of ``schema`` at ``path`` (version 0, protocol 1/2
     and no table features: what Spark's ``CREATE TABLE`` of a table without properties
     writes) unless a table is there; True when this call created it. Another writer
     creating it at the same moment is not an error."""
@@ -313,7 +340,8 @@ def create(path: str | Path, schema: pa.Schema) -> bool:
     if exists(path):
         return False
     try:
-        DeltaTable.create(str(path), schema=schema, mode="error")
+        DeltaTable.create(location(path), schema=schema, mode="error",
+                          storage_options=object_store.storage_options(path))
     except Exception:  # noqa: BLE001 - a concurrent creation wins the race: fine
         if exists(path):
             return False
@@ -376,8 +404,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def writable(path: str | Path) -> bool:
-    """Whether delta-rs writes this table (:func:`append`, :func:`update`): a local Delta
-    table without writer features (writer protocol <= 2), as Spark creates the control
+    """Whether delta-rs writes this table (:func:`append`, :func:`update`): a Delta table
+    without writer features (writer protocol <= 2), as Spark creates the control
     plane's tables."""
     t = table(path)
     if t is None:

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from rebalance.core.records import as_utc, commit_metadata, utcnow
-from rebalance.spark import delta_rs, tables
+from rebalance.spark import delta_rs, object_store, tables
 from rebalance.spark.delta_rs import commit_versions
-from rebalance.spark.paths import local_path
 from rebalance.spark.plan_store import CONTROL, PLAN_ASSIGNMENTS, PLANS, delta_txn, is_conflict
 from rebalance.spark.session import session_confs
 from rebalance.spark.tables import Table
@@ -318,16 +317,19 @@ def _version(spark, policy: Policy, root) -> int:
     return int(delta_rs.version(policy.table.path(root)))
 
 
-def _files_on_disk(path: str) -> int | None:
-    """Parquet files in a local table's folder (live and replaced); None for a URI."""
-    folder = local_path(path)
-    return None if folder is None else sum(
-        1 for f in folder.rglob("*.parquet") if "_delta_log" not in f.parts)
+def _files_on_disk(path: str) -> int:
+    """Parquet files in the table's folder (live and replaced), local or on the object
+    store: one recursive listing."""
+    import pyarrow.fs as pafs
+
+    fs, base = object_store.filesystem(path)
+    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    return sum(1 for i in infos
+               if i.path.endswith(".parquet") and "_delta_log" not in i.path.split("/"))
 
 
-def _log_entries(path: str) -> int | None:
-    versions = commit_versions(path)
-    return None if versions is None else len(versions)
+def _log_entries(path: str) -> int:
+    return len(commit_versions(path))
 
 
 @contextmanager

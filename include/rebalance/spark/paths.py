@@ -28,6 +28,14 @@ def jars_dir() -> Path:
     return _env_path("REBALANCE_JARS_DIR", REPO_ROOT / ".jars")
 
 
+def join(root: str | Path, name: str) -> str:
+    """``root/name`` for a folder or a URI (``s3a://b/t`` + ``x``: ``s3a://b/t/x``; a
+    ``Path`` would fold the URI's ``//``)."""
+    if "://" in str(root):
+        return f"{str(root).rstrip('/')}/{name}"
+    return str(Path(root) / name)
+
+
 def local_path(path: str | Path) -> Path | None:
     """The folder of a local path or ``file://`` URI; None for another URI (``s3a://`` ...)."""
     scheme, sep, rest = str(path).partition("://")

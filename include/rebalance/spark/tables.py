@@ -46,7 +46,7 @@ from rebalance.core.assignment import (  # noqa: F401 (part of this module's API
 )
 from rebalance.spark import delta_rs
 from rebalance.spark.delta_rs import Commit  # noqa: F401 (part of this module's API)
-from rebalance.spark.paths import data_dir
+from rebalance.spark.paths import data_dir, join
 
 
 class TableError(RuntimeError):
@@ -78,7 +78,7 @@ class Table:
 
     def path(self, root: str | Path | None = None) -> str:
         """Location of the table: ``<root>/<name>`` (root defaults to :func:`tables_root`)."""
-        return str(Path(root) / self.name if root is not None else tables_root() / self.name)
+        return join(root if root is not None else tables_root(), self.name)
 
 
 _TYPES: dict[str, DataType] = {
@@ -172,17 +172,13 @@ TABLES: dict[str, Table] = {t.name: t for t in (
 N_INSTANCES_PROPERTY = "rebalance.n_instances"
 
 
-def tables_root() -> Path:
-    """Default folder of all tables: the current job's (``registry.job_scope``), else
-    ``data_dir() / "tables"``."""
+def tables_root() -> Path | str:
+    """Default location of all tables: the current job's (``registry.job_scope``; a folder,
+    or an ``s3a://`` URI), else ``data_dir() / "tables"``."""
     job = registry.current_job()
     if job is None:
         return data_dir() / "tables"
-    root = job.tables_root(data_dir())
-    if not isinstance(root, Path):
-        raise TableError(f"job {job.name!r}: not a local table path: {root} (the control "
-                         f"plane reads tables through delta-rs in its own process)")
-    return root
+    return job.tables_root(data_dir())
 
 
 def get_table(name: str) -> Table:
@@ -272,7 +268,7 @@ def ensure_table(spark: SparkSession, table: Table, root: str | Path | None = No
                 f"`{f.name}` {f.dataType.simpleString().upper()}" for f in missing) + ")")
         return path
     props = {**table.properties, **(properties or {})}
-    if not props and delta_rs.local(path) is not None:    # nothing Spark must set
+    if not props and delta_rs.readable(path):    # nothing Spark must set
         delta_rs.create(path, delta_rs.arrow_schema(table.schema))
         return path
     ddl = f"CREATE TABLE IF NOT EXISTS {sql_name(path)} ({table.schema_ddl}) USING delta"

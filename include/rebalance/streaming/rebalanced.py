@@ -231,7 +231,7 @@ def control_path(checkpoint: str) -> str:
 
 def ensure_control(spark: SparkSession, checkpoint: str) -> str:
     path = control_path(checkpoint)
-    if delta_rs.local(path) is not None:
+    if delta_rs.readable(path):
         delta_rs.create(path, CONTROL_SCHEMA)
     elif not delta_rs.exists(path):
         spark.createDataFrame([], CONTROL_STRUCT).write.format("delta").mode("ignore").save(path)
