@@ -3,9 +3,9 @@
 Read-only pages for a newcomer and an auditor alike, shown as the **Rebalance** tab of
 every DAG page and in the navigation:
 
-* ``/rebalance/jobs`` (the navigation's entry): every job of the registry, its health,
-  the newest window's imbalance against ``1 + theta`` and its last plan; each page below
-  takes ``?job=<name>`` (default: the registry's first job);
+* ``/rebalance/jobs`` (the navigation's entry): every job of the registry, its health (the
+  last run: a plan applied, or where and why it skipped), the newest window's imbalance
+  against ``1 + theta``, its last plan; each page below takes ``?job=<name>`` (default: the first);
 * ``/rebalance/``: realised imbalance of the latest windows against ``1 + theta`` with every
   plan's verify result (chart), instance loads over the same windows (chart), the plan
   history (status, method, imbalance before / predicted / backtested / realised, theta
@@ -18,7 +18,7 @@ every DAG page and in the navigation:
 * JSON for scripts: ``/rebalance/api/plans``, ``/rebalance/api/plans/{plan_id}``,
   ``/rebalance/api/assignments``, ``/rebalance/api/loads``, ``/rebalance/api/imbalance``,
   ``/rebalance/api/health`` (the health strip at the top of ``/rebalance/``: the DAG paused
-  or not, the job's newest window, the last run).
+  or not, the job's newest window, the last run and, if it skipped, where and why).
 
 Every endpoint requires an authenticated Airflow user allowed to read the ``rebalance``
 DAG (anonymous: 401, or a redirect to the login page for pages). The only action,
@@ -118,32 +118,19 @@ def api_loads(windows: int = 60, job: str | None = None) -> JSONResponse:
 @app.get("/api/health")
 def api_health(job: str | None = None) -> JSONResponse:
     with _job(job) as (config, _):
-        return JSONResponse(_health(config.dag_id))
+        return JSONResponse(_health(config.dag_id)[0])
 
 
-def _health(dag_id: str) -> dict[str, str]:
+def _health(dag_id: str) -> tuple[dict[str, str], dict[str, str]]:
     """The health strip (as ``make status`` ends) of the current job: its DAG paused or not
-    and its newest run, from Airflow's metadata database; its newest window, from the
-    Delta log."""
-    from airflow.models.dag import DagModel
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    from rebalance.ops.health import dag_text, job_line, run_text
+    and its newest run with what it did (a plan applied, or where it skipped and why),
+    from Airflow's metadata database; its newest window, from the Delta log. Also why
+    that run's tasks skipped, by task id (:func:`rebalance.ops.health.db_lines`)."""
+    from rebalance.ops.health import db_lines, job_line
     from rebalance.spark import tables
 
-    with create_session() as session:
-        dag = DagModel.get_dagmodel(dag_id, session=session)
-        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)
-                              .order_by(DagRun.run_after.desc()).limit(1)).first()
-        last = (run_text(None, None) if run is None else
-                run_text(run.run_id, run.state, run.end_date))
-    return {
-        "dag": dag_text(None if dag is None else bool(dag.is_paused)),
-        "job": job_line(tables.tables_root(), None),
-        "last run": last,
-    }
+    dag, last, skipped = db_lines(dag_id)
+    return {"dag": dag, "job": job_line(tables.tables_root(), None), "last run": last}, skipped
 
 
 @app.get("/api/imbalance")
@@ -160,8 +147,9 @@ def api_jobs() -> JSONResponse:
 
 
 def _jobs() -> list[dict]:
-    """Per job of the registry: its DAG's health, the newest window's imbalance against
-    ``1 + theta`` (its configured theta), and its last plan."""
+    """Per job of the registry: its DAG's health, its last run (``skipped``: why its tasks
+    skipped, by task id), the newest window's imbalance against ``1 + theta`` (its
+    configured theta), and its last plan."""
     from rebalance.core import registry
     from rebalance.ui import views
 
@@ -169,12 +157,12 @@ def _jobs() -> list[dict]:
     for job in registry.load().jobs:
         with registry.job_scope(job):
             spark = _spark()
-            health = _health(job.dag_id)
+            health, skipped = _health(job.dag_id)
             ratios = views.realised_ratios(spark, windows=1)
             plans = views.plans(spark, limit=1)
         rows.append({"job": job.name, "dag_id": job.dag_id, "theta": job.theta,
                      "dag": health["dag"], "window": health["job"],
-                     "last_run": health["last run"],
+                     "last_run": health["last run"], "skipped": skipped,
                      "imbalance": ratios["imbalance"][-1] if ratios["imbalance"] else None,
                      "plan": plans[0] if plans else None})
     return rows
@@ -196,7 +184,7 @@ def index(request: Request, triggered: str | None = None, error: str | None = No
         return pages.render_index(views.instance_loads(spark, windows=views.CHART_WINDOWS),
                                   views.realised_ratios(spark, windows=views.CHART_WINDOWS),
                                   views.plans(spark, limit=100), views.assignments(spark),
-                                  _health(config.dag_id), triggered=triggered, error=error,
+                                  _health(config.dag_id)[0], triggered=triggered, error=error,
                                   job=page_job, dag_id=config.dag_id)
 
 

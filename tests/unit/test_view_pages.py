@@ -301,12 +301,16 @@ def test_an_unreachable_theta_shows_the_theta_that_holds_beside_it():
 
 def test_a_jobs_page_row_per_job_and_each_jobs_page_links_within_its_job():
     rows = [{"job": "keyed", "dag_id": "rebalance", "theta": 0.1, "dag": "active (unpaused)",
-             "window": "newest window ...", "last_run": "scheduled__x: success",
+             "window": "newest window ...",
+             "last_run": "scheduled__x: success; skipped at plan: balanced: 1.05 <= 1.1",
+             "skipped": {"plan": "balanced: 1.05 <= 1.1"},
              "imbalance": 1.25, "plan": {"plan_id": "abc123", "status": "verified"}},
             {"job": "click<s>", "dag_id": "rebalance_clicks", "theta": 0.2,
              "dag": "PAUSED: nothing is scheduled", "window": "no window written yet",
-             "last_run": "none yet", "imbalance": None, "plan": None}]
+             "last_run": "none yet", "skipped": {}, "imbalance": None, "plan": None}]
     page = pages.render_jobs(rows)
+    # the last run says why it skipped, in the run's cell (escaped)
+    assert '<td class="run">scheduled__x: success; skipped at plan: balanced: 1.05 &lt;= 1.1</td>' in page
     assert 'href="/rebalance/?job=keyed"' in page and 'href="/rebalance/?job=click%3Cs%3E"' in page
     assert "click&lt;s&gt;" in page and "click<s>" not in page
     assert 'href="/rebalance/plans/abc123?job=keyed"' in page and "none yet" in page

@@ -1,26 +1,30 @@
 """The service's health in three lines (``make status``): is the DAG paused, is the job
 writing windows, and how did the last run end.
 
-* ``dag``: paused or not, through Airflow's REST API (a paused DAG plans nothing, and
-  nothing else says so);
+* ``dag``: paused or not (a paused DAG plans nothing, and nothing else says so);
 * ``job``: the age of the newest window in ``key_histograms``, from its files' statistics
   in the Delta log (through delta-rs: no Spark, no table scan);
-* ``last run``: the newest run of the ``rebalance`` DAG, its state, and for a run that
-  skipped, the reason its task logged.
+* ``last run``: the DAG's newest run, its state, and what it did: a plan applied, or
+  where it skipped and why (:func:`run_text`).
 
-Each line says what it could not find out instead of failing: ``make status`` also runs
-while the service is half up.
+``make status`` reads Airflow through its REST API (:func:`dag_lines`; a skip's reason
+from the task's log), the Rebalance view from the metadata database (:func:`db_lines`;
+the reason the task kept as XCom). Each line says what it could not find out instead of
+failing: ``make status`` also runs while the service is half up.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 #: The newest commits read for the window length the job records: every micro-batch of
 #: the job is one commit.
 NEWEST_COMMITS = 20
+#: The DAG's task that makes a plan live: a run where it succeeded applied a plan.
+APPLY_TASK = "apply"
 
 
 def newest_window(table: Path, newest: int = NEWEST_COMMITS
@@ -82,12 +86,19 @@ def dag_text(is_paused: bool | None) -> str:
             else "active (unpaused)")
 
 
-def run_text(run_id: str | None, state: Any, ended: Any = None) -> str:
-    """The last run's line: its id, state and end (None: no run yet)."""
+def run_text(run_id: str | None, state: Any, ended: Any = None, applied: bool = False,
+             skipped: Mapping[str, str] | None = None) -> str:
+    """The last run's line: its id, state and end (None: no run yet), then what it did:
+    a plan applied, or the first task that skipped and why (``skipped``: the reason by
+    task id of each task that ended skipped with one, in the order they ended)."""
     if run_id is None:
         return "none yet"
     ended = ended.strftime("%Y-%m-%d %H:%M:%S UTC") if isinstance(ended, dt.datetime) else ended
-    return f"{run_id}: {state}" + (f", ended {ended}" if ended else "")
+    text = f"{run_id}: {getattr(state, 'value', state)}" + (f", ended {ended}" if ended else "")
+    if applied:
+        return text + "; a plan was applied"
+    task, reason = next(iter((skipped or {}).items()), (None, None))
+    return text + (f"; skipped at {task}: {reason}" if task else "")
 
 
 def dag_lines(api: Any, dag_id: str) -> list[tuple[str, str]]:
@@ -108,21 +119,50 @@ def dag_lines(api: Any, dag_id: str) -> list[tuple[str, str]]:
         return lines + [("last run", f"unknown: {exc}")]
     if not runs:
         return lines + [("last run", run_text(None, None))]
-    run = runs[0]
-    text = run_text(run["dag_run_id"], run["state"], run.get("end_date"))
+    run, applied, reasons = runs[0], False, {}
     if run["state"] == "success":
         try:
             tis = api.task_instances(dag_id, run["dag_run_id"])
-            if tis.get("apply", {}).get("state") == "success":
-                text += "; a plan was applied"
-            else:
-                reasons = api.skip_reasons(dag_id, run["dag_run_id"], tis)
-                if reasons:
-                    task, reason = next(iter(reasons.items()))
-                    text += f"; skipped at {task}: {reason}"
+            applied = tis.get(APPLY_TASK, {}).get("state") == "success"
+            reasons = {} if applied else api.skip_reasons(dag_id, run["dag_run_id"], tis)
         except AirflowError:
             pass
-    return lines + [("last run", text)]
+    return lines + [("last run", run_text(run["dag_run_id"], run["state"], run.get("end_date"),
+                                          applied, reasons))]
+
+
+def db_lines(dag_id: str) -> tuple[str, str, dict[str, str]]:
+    """The DAG's line, the last run's line (:func:`run_text`) and why its tasks skipped
+    (task id -> reason), from Airflow's metadata database (in the api-server: the
+    Rebalance view). One query for the newest run, one for its tasks that applied or
+    ended skipped, with the reason each kept (XCom ``control.errors.SKIP_REASON``)."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.models.xcom import XComModel as X
+    from airflow.utils.session import create_session
+    from sqlalchemy import and_, or_, select
+
+    from rebalance.control.errors import SKIP_REASON
+
+    with create_session() as session:
+        dag = DagModel.get_dagmodel(dag_id, session=session)
+        dag_line = dag_text(None if dag is None else bool(dag.is_paused))
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)
+                              .order_by(DagRun.run_after.desc()).limit(1)).first()
+        if run is None:
+            return dag_line, run_text(None, None), {}
+        kept = and_(X.dag_run_id == run.id, X.task_id == TI.task_id,
+                    X.map_index == TI.map_index, X.key == SKIP_REASON)
+        tis = session.execute(
+            select(TI.task_id, TI.state, X.value.label("value")).outerjoin(X, kept)
+            .where(TI.dag_id == dag_id, TI.run_id == run.run_id,
+                   or_(TI.task_id == APPLY_TASK, TI.state == "skipped"))
+            .order_by(TI.end_date)).all()
+        applied = any(t.task_id == APPLY_TASK and t.state == "success" for t in tis)
+        skipped = {t.task_id: str(X.deserialize_value(t)) for t in tis
+                   if t.state == "skipped" and t.value is not None}
+        return dag_line, run_text(run.run_id, run.state, run.end_date, applied, skipped), skipped
 
 
 def service_lines(service: Any, states: dict[str, str],
