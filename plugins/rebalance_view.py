@@ -53,10 +53,9 @@ def _spark():
     the api-server, no JVM round trip: a page in well under a second); else the Spark
     Connect server of ``make up``."""
     from rebalance.control.inputs import spark_session
-    from rebalance.spark import tables
-    from rebalance.spark.paths import local_path
+    from rebalance.spark import delta_rs, tables
 
-    if local_path(tables.tables_root()) is not None:
+    if delta_rs.readable(tables.tables_root()):
         return None
     if not os.environ.get("REBALANCE_SPARK_REMOTE"):
         raise HTTPException(503, "the Rebalance view reads tables under a URI through the Spark "

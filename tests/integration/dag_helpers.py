@@ -192,18 +192,33 @@ class JobStandIn(StandIn):
         self.counts = counts
 
     def prepare(self):
-        from rebalance.spark import tables
+        from rebalance.spark import delta_rs, tables
 
-        self.log = Path(tables.ASSIGNMENTS.path()) / "_delta_log"
-        self.commits = len(list(self.log.glob("*.json")))
+        self.log = tables.ASSIGNMENTS.path()
+        self.commits = len(delta_rs.commit_versions(self.log))
 
     def step(self):
-        from rebalance.spark import tables
+        from rebalance.spark import delta_rs, tables
 
-        now = len(list(self.log.glob("*.json")))  # read the table only after a commit
+        now = len(delta_rs.commit_versions(self.log))  # read the table only after a commit
         if now == self.commits:
             return
         self.commits, live = now, tables.read_assignment(self.spark)
         write_windows(self.spark, [self.next_window], self.counts, live.version, live.routing,
                       live.splits)
         self.next_window += WINDOW
+
+
+class ScopedStandIn(JobStandIn):
+    """The stand-in streaming job, writing its windows to ``job``'s tables (a thread does
+    not inherit the test's job scope)."""
+
+    def __init__(self, job, *args):
+        super().__init__(*args)
+        self.job = job
+
+    def run(self):
+        from rebalance.core import registry
+
+        with registry.job_scope(self.job):
+            super().run()

@@ -9,8 +9,8 @@ from dag_helpers import (
     LIVE,
     REPO,
     TEST_POKE_SECONDS,
-    JobStandIn,
     N,
+    ScopedStandIn,
     interval,
     seed_interval,
     task_states,
@@ -30,21 +30,6 @@ tables = "jobs/clicks/tables"
 theta = 0.1
 apply_mode = "broadcast"
 """
-
-
-class ScopedStandIn(JobStandIn):
-    """The stand-in streaming job, writing its windows to ``job``'s tables (a thread does
-    not inherit the test's job scope)."""
-
-    def __init__(self, job, *args):
-        super().__init__(*args)
-        self.job = job
-
-    def run(self):
-        from rebalance.core import registry
-
-        with registry.job_scope(self.job):
-            super().run()
 
 
 @pytest.fixture()

@@ -27,7 +27,7 @@ NEWEST_COMMITS = 20
 APPLY_TASK = "apply"
 
 
-def newest_window(table: Path, newest: int = NEWEST_COMMITS
+def newest_window(table: Path | str, newest: int = NEWEST_COMMITS
                   ) -> tuple[dt.datetime | None, float | None]:
     """The largest ``window_start`` of the table (from its files' statistics,
     :func:`rebalance.spark.delta_rs.max_value`) and the window length the job recorded in
@@ -53,13 +53,15 @@ def _window_seconds(meta: dict[str, Any]) -> float | None:
         return None
 
 
-def job_line(tables: Path, running: bool | None, window_seconds: float | None = None,
+def job_line(tables: Path | str, running: bool | None, window_seconds: float | None = None,
              now: dt.datetime | None = None) -> str:
     """The job's line: running or not (None: not known here), and when its newest window
     closed (``window_seconds``: if the commits do not record it)."""
+    from rebalance.spark.paths import join
+
     now = now or dt.datetime.now(dt.timezone.utc)
     state = {True: "running; ", False: "NOT running; ", None: ""}[running]
-    top, recorded = newest_window(tables / "key_histograms")
+    top, recorded = newest_window(join(tables, "key_histograms"))
     if top is None:
         return f"{state}no window written yet"
     closed = top + dt.timedelta(seconds=recorded or window_seconds or 0)
@@ -183,7 +185,7 @@ def service_lines(service: Any, states: dict[str, str],
     out = []
     for i, (component, job) in enumerate(service.s.job_components.items()):
         prefix = "" if i == 0 else f"{job.name} "
-        line = ("job", job_line(Path(job.tables_root(service.s.data)),
+        line = ("job", job_line(job.tables_root(service.s.data),
                                 states.get(component, "").startswith("running"),
                                 service.s.window_seconds))
         if api is None:

@@ -95,9 +95,7 @@ def session_conf(app_name: str, master: str | None = None,
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         **JVM_SQL_SETTINGS,
     }
-    store = object_store.spark_settings()  # tables on the object store: S3A JARs, fs.s3a.*
-    store_jars = store.pop("spark.jars", "")
-    settings.update(store)
+    settings.update(object_store.spark_settings())  # tables on the object store
     java_options = [log4j_options(app_name)]
     if "spark.master" not in submitted:
         settings["spark.master"] = "local[*]"
@@ -127,9 +125,6 @@ def session_conf(app_name: str, master: str | None = None,
         # A local driver serves nobody else: it listens on loopback only.
         settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
         settings.setdefault("spark.driver.host", "127.0.0.1")
-    if store_jars:
-        settings["spark.jars"] = ",".join(
-            j for j in (settings.get("spark.jars", ""), store_jars) if j)
     _add_delta_jars(settings)
     return settings
 

@@ -28,6 +28,7 @@ from rebalance.core.records import PlanRecord, as_utc, frame_loads, frame_splits
 from rebalance.spark import tables
 from rebalance.spark.delta_rs import log_ident
 from rebalance.spark.loads import window_loads
+from rebalance.spark.paths import join
 from rebalance.spark.plan_store import PLAN_ASSIGNMENTS, PLANS, PlanStore
 
 #: Results kept, the least recently used dropped first.
@@ -46,7 +47,7 @@ def by_tables(*names: str, copy_result: bool = True):
         @functools.wraps(fn)
         def call(spark, *args, **kwargs):
             root = tables.tables_root()
-            idents = tuple(log_ident(root / name) for name in names)
+            idents = tuple(log_ident(join(root, name)) for name in names)
             if None in idents:
                 return fn(spark, *args, **kwargs)
             key = (fn.__name__, args, tuple(sorted(kwargs.items())), str(root), idents)
