@@ -32,5 +32,7 @@ RUN python -m rebalance.cli.class_data
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
 COPY --chown=airflow:0 plugins/ /opt/airflow/plugins/
 COPY --chown=airflow:0 spark_apps/ /opt/airflow/spark_apps/
-# The job registry (docs/registry.md): mount your own over it.
-COPY --chown=airflow:0 rebalance.toml /opt/airflow/rebalance.toml
+# The job registry (docs/registry.md): mount your own over it. The image ships the built-in
+# job alone (examples/one_job.toml): the repository's rebalance.toml adds the sessions
+# example, whose app (examples/sessions.py) is not in the image.
+COPY --chown=airflow:0 examples/one_job.toml /opt/airflow/rebalance.toml

@@ -32,10 +32,16 @@ SOURCE ?=
 # rebalanced() (spark_apps/example_job.py), with its tables in .data/<JOB>, a data
 # directory of its own.
 JOB ?=
-# make up REGISTRY=examples/two_jobs.toml: the jobs of another registry (docs/registry.md).
+# make up REGISTRY=<file>: the jobs of another registry (docs/registry.md); by default
+# rebalance.toml's two jobs (the built-in job and the sessions example).
+# REGISTRY=examples/one_job.toml: the built-in job alone (one streaming JVM, a small machine).
+# JOB=<example> and SOURCE=kafka run one job: without REGISTRY (or REBALANCE_REGISTRY) they
+# take that file too. make status takes the REGISTRY make up had.
 REGISTRY ?=
-REGISTRY_ENV := $(if $(REGISTRY),REBALANCE_REGISTRY="$(abspath $(REGISTRY))")
 EXAMPLE_JOBS := sessions views devices
+ONE_JOB := $(if $(or $(filter $(EXAMPLE_JOBS),$(JOB)),$(filter kafka,$(SOURCE))),$(if $(REBALANCE_REGISTRY),,examples/one_job.toml))
+REGISTRY_FILE := $(or $(REGISTRY),$(ONE_JOB))
+REGISTRY_ENV := $(if $(REGISTRY_FILE),REBALANCE_REGISTRY="$(abspath $(REGISTRY_FILE))")
 JOB_DATA := $(if $(filter $(EXAMPLE_JOBS),$(JOB)),REBALANCE_DATA_DIR="$${REBALANCE_DATA_DIR:-$(CURDIR)/.data/$(JOB)}")
 
 .PHONY: help setup check-prereqs java cds test test-unit demo bench up down status kafka-up kafka-down constraints clean
@@ -46,7 +52,8 @@ help:
 	@echo "make test-unit  setup, then run the fast unit tests only"
 	@echo "make demo       setup, then run the end-to-end demo on local Spark, Delta and Airflow"
 	@echo "make bench      run the planning benchmark"
-	@echo "make up         start the whole service in the background (Airflow UI, Spark Connect, job, generator)"
+	@echo "make up         start the whole service in the background (Airflow UI, Spark Connect, generator, the"
+	@echo "                registry's two jobs: the keyed job and the sessions example; REGISTRY=examples/one_job.toml: the keyed job alone)"
 	@echo "                (make up SOURCE=kafka: also a Kafka broker; the generator produces to it, the job reads it)"
 	@echo "                (make up JOB=sessions: the job is examples/sessions.py under rebalanced(), data in .data/sessions;"
 	@echo "                 JOB=views: examples/page_views.py, whose hot users can be split; JOB=devices: examples/device_readings.py)"

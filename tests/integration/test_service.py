@@ -1,10 +1,12 @@
 """The service as its users run it: ``make up``'s processes, the real scheduler, the UI.
 
 The session's service stack (:func:`service_helpers.service`, shared with
-``test_service_faults.py``): ``rebalance.ops.service.Service``, exactly what ``make up``
-starts (Spark Connect, Airflow's api-server, scheduler, dag-processor and triggerer on
-LocalExecutor/SQLite, the keyed job and the live generator) on a temporary Airflow home,
-data folder and free ports, with test-sized time constants (5-s windows, a 30-s schedule).
+``test_service_faults.py``): ``rebalance.ops.service.Service``, exactly what ``make up
+REGISTRY=examples/one_job.toml`` starts (Spark Connect, Airflow's api-server, scheduler,
+dag-processor and triggerer on LocalExecutor/SQLite, the keyed job and the live
+generator; the shipped registry's second job is ``test_service_sessions.py``'s) on a
+temporary Airflow home, data folder and free ports, with test-sized time constants (5-s
+windows, a 30-s schedule).
 The tests then use it as a person does:
 
 * the real scheduler runs ``rebalance`` on its schedule and a plan is applied and
@@ -47,6 +49,8 @@ from rebalance.ops.airflow_client import AirflowClient
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+#: The registry of the session's stack (:func:`_one_job_stack`).
+ONE_JOB = REPO / "examples" / "one_job.toml"
 SHOTS = Path(os.environ.get("REBALANCE_TEST_SHOTS", REPO / ".data" / "test-shots"))
 #: From the stack being up on the 30-s schedule (or the switch to it) to a scheduled plan
 #: applied and verified: about a minute on a quiet machine. (The schedule starts once the
@@ -54,6 +58,19 @@ SHOTS = Path(os.environ.get("REBALANCE_TEST_SHOTS", REPO / ".data" / "test-shots
 #: beside the Connect server and the skipping runs lagged by minutes, and the first plan
 #: came 11.5 min after the stack's start.)
 SCHEDULED_PLAN_TIMEOUT = 10 * 60
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_job_stack(request):
+    """The session's stack on the one-job registry (``make up
+    REGISTRY=examples/one_job.toml``): these tests check the built-in job alone, and the
+    shipped registry's second streaming job would share the machine's cores. The stack
+    keeps the registry it was made with (its processes get it as ``REBALANCE_REGISTRY``);
+    the variable is set only while it is made."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("REBALANCE_REGISTRY", str(ONE_JOB))
+        stack = request.getfixturevalue("service")
+    assert [j.name for j in stack.s.registry.jobs] == ["keyed"], stack.s.registry.path
 
 
 class Api(AirflowClient):
@@ -340,7 +357,8 @@ def test_rebalance_trigger_runs_a_what_if_plan_through_the_rest_api(quiet):
     exe = Path(sys.executable).with_name("rebalance")
     service = quiet
     env = {**os.environ, "AIRFLOW_HOME": str(service.s.airflow_home),
-           "REBALANCE_API_PORT": str(service.s.api_port)}
+           "REBALANCE_API_PORT": str(service.s.api_port),
+           "REBALANCE_REGISTRY": str(service.s.registry.path)}
     env.pop("REBALANCE_AIRFLOW_PASSWORD", None)
     cmd = [str(exe), "trigger", "--set", "force=true", "--set", "apply_mode=dry-run",
            "--set", "method=greedy", "--wait", "--timeout", "900"]

@@ -18,20 +18,31 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def dags():
+    """The DAGs of the shipped registry (``rebalance.toml``), as ``make up`` parses them."""
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(REPO / "dags"))
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("REBALANCE_REGISTRY", "REBALANCE_JOB_NAME"):
+            env.delenv(name, raising=False)
+        bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     return bag.dags
 
 
 def test_every_dag_parses_with_tags_retries_and_docs(dags):
-    assert {"rebalance", "rebalance_rollback", "rebalance_healthcheck"} <= set(dags)
-    for dag_id in ("rebalance", "rebalance_rollback"):
+    # a rebalance DAG per job of the shipped registry: the built-in job and the sessions example
+    assert {"rebalance", "rebalance_sessions", "rebalance_rollback", "rebalance_healthcheck",
+            "rebalance_maintenance"} <= set(dags)
+    for dag_id in ("rebalance", "rebalance_sessions", "rebalance_rollback"):
         dag = dags[dag_id]
         assert "rebalance" in dag.tags and dag.doc_md and dag.max_active_runs == 1
         for t in dag.tasks:
             assert t.retries >= 1, (dag_id, t.task_id)
+    assert "job:sessions" in dags["rebalance_sessions"].tags
+    assert [t.task_id for t in dags["rebalance_sessions"].topological_sort()] == [
+        t.task_id for t in dags["rebalance"].topological_sort()]
+    job = dags["rebalance_rollback"].params.get_param("job")
+    assert job.value == "keyed" and job.schema["enum"] == ["keyed", "sessions"]
 
 
 def test_the_rebalance_params_form(dags):

@@ -29,16 +29,27 @@ def _load(tmp_path, text: str):
     return registry.load(path), path
 
 
-def test_the_shipped_registry_holds_the_built_in_job_under_its_old_names():
+def test_the_shipped_registry_holds_the_built_in_job_under_its_old_names_and_sessions():
     reg = registry.load()
     assert reg.path == registry.DEFAULT_FILE
-    (job,) = reg.jobs
+    job, sessions = reg.jobs
     assert (job.name, job.dag_id, job.app, job.source, job.tables, job.instances,
             job.theta, job.apply_mode, job.require_approval) == (
         "keyed", "rebalance", "keyed", "delta", "tables", 4, 0.1, "auto", False)
     assert job.tables_root(Path("/d")) == Path("/d/tables")
+    # the sessionization example, with a DAG and tables of its own
+    assert (sessions.name, sessions.dag_id, sessions.app, sessions.source, sessions.instances,
+            sessions.apply_mode) == ("sessions", "rebalance_sessions", "sessions", "delta", 4,
+                                     "auto")
+    assert sessions.tables_root(Path("/d")) == Path("/d/jobs/sessions/tables")
     assert (reg.service.api_port, reg.service.connect_port, reg.service.kafka_port) == (
         8080, 15002, 9092)
+
+
+def test_the_one_job_example_is_the_shipped_first_job_alone():
+    one = registry.load(registry.DEFAULT_FILE.parent / "examples" / "one_job.toml")
+    assert one.jobs == registry.load().jobs[:1]
+    assert one.service == registry.ServiceConfig()   # the defaults, the shipped file's ports
 
 
 def test_a_job_named_alone_gets_its_own_dag_and_tables(tmp_path):
@@ -281,4 +292,4 @@ def test_the_documented_files_load_as_the_page_says(tmp_path):
         "rebalance_clicks", tmp_path / "jobs/clicks/tables", "sessions", 0.2, "5m", True,
         {"histograms": 30.0}, {"spark.sql.shuffle.partitions": "8"})
     assert [j.name for j in registry.load(registry.DEFAULT_FILE.parent / "examples"
-                                          / "two_jobs.toml").jobs] == ["keyed", "sessions"]
+                                          / "one_job.toml").jobs] == ["keyed"]

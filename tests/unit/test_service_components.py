@@ -29,16 +29,56 @@ def _option(argv, flag):
 
 def test_delta_service_has_no_broker_and_no_kafka_options(tmp_path):
     parts = components(_settings(tmp_path, source="delta"))
-    # the generator and the job first (their windows are what every DAG run waits for);
-    # the job's readiness is awaited after Airflow's daemons started
-    assert [c.name for c in parts] == ["spark-connect", "generator", "job", "api-server",
-                                       "scheduler", "dag-processor", "triggerer"]
-    assert [c.name for c in parts if c.ready_later] == ["job"]
-    for name in ("generator", "job"):
+    # the generator and the jobs first (their windows are what every DAG run waits for);
+    # the jobs' readiness is awaited after Airflow's daemons started. The shipped registry
+    # (rebalance.toml): the built-in job, then the sessions example over its events.
+    assert [c.name for c in parts] == ["spark-connect", "generator", "job", "job-sessions",
+                                       "api-server", "scheduler", "dag-processor", "triggerer"]
+    assert [c.name for c in parts if c.ready_later] == ["job", "job-sessions"]
+    for name in ("generator", "job", "job-sessions"):
         argv = _argv(parts, name)
         assert not {"--sink", "--source", "--bootstrap-servers", "--topic"} & set(argv), argv
     assert _option(_argv(parts, "job"), "--name") == "keyed"
+    data = tmp_path / "data"
+    sessions = _argv(parts, "job-sessions")
+    assert (_option(sessions, "--example"), _option(sessions, "--name"),
+            _option(sessions, "--tables-root"), _option(sessions, "--events-root")) == (
+        "sessions", "sessions", str(data / "jobs" / "sessions" / "tables"), str(data / "tables"))
     assert airflow_env(_settings(tmp_path, source="delta"))["REBALANCE_JOB_NAME"] == "keyed"
+
+
+def test_the_one_job_registry_starts_the_built_in_job_alone(tmp_path):
+    from rebalance.core import registry
+    from rebalance.spark.paths import REPO_ROOT
+
+    one = registry.load(REPO_ROOT / "examples" / "one_job.toml")
+    s = _settings(tmp_path, source="delta", registry=one)
+    assert [c.name for c in components(s)] == ["spark-connect", "generator", "job",
+                                               "api-server", "scheduler", "dag-processor",
+                                               "triggerer"]
+    assert airflow_env(s)["REBALANCE_REGISTRY"] == str(one.path)
+    assert s.dag_ids == ("rebalance", "rebalance_maintenance", "rebalance_healthcheck",
+                         "rebalance_rollback")
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"source": "kafka"}, "jobs.sessions: SOURCE=kafka runs the first job alone"),
+    ({"source": "delta", "job": "sessions"},
+     "jobs.sessions: JOB=sessions runs the first job as 'sessions', this job's name"),
+])
+def test_up_refuses_kafka_or_a_job_named_as_another_on_the_shipped_registry(tmp_path, kw,
+                                                                            message):
+    """``make up SOURCE=kafka`` and ``make up JOB=<example>`` take examples/one_job.toml
+    (Makefile); the same run with the shipped two jobs is one line, before anything starts."""
+    s = _settings(tmp_path, **kw)
+    with pytest.raises(ServiceError) as err:
+        Service(s, out=lambda _: None).up(wait=False)
+    assert str(err.value).startswith(f"{s.registry.path}: {message}")
+    assert str(err.value).endswith("run it with a one-job registry "
+                                   "(REGISTRY=examples/one_job.toml)")
+    assert not s.pids.exists() or not any(s.pids.iterdir())
+    # another example as the first job, and the sessions job beside it, is fine
+    components(_settings(tmp_path, source="delta", job="views"))
 
 
 def test_kafka_service_starts_a_broker_first_and_points_generator_and_job_at_it(tmp_path):
@@ -79,7 +119,11 @@ def test_down_and_status_go_by_the_source_up_recorded(tmp_path):
     (s.state / "source").write_text("kafka\n")
     assert s.events_source == "kafka"
     assert "kafka" in Service(s).status()             # down / status see the broker
+    # ... and not the shipped registry's sessions job, which up on Kafka does not run
+    # (make up SOURCE=kafka takes examples/one_job.toml): make status shows what runs
+    assert "job-sessions" not in Service(s).status()
     assert _settings(tmp_path, source="delta").events_source == "delta"
+    assert "job-sessions" in Service(_settings(tmp_path, source="delta")).status()
 
 
 def test_up_refuses_another_source_while_the_recorded_one_runs(tmp_path):
@@ -218,7 +262,10 @@ def test_the_jobs_python_processes_start_with_the_quiet_worker_hook(tmp_path):
     job = next(c for c in components(s) if c.name == "job")
     assert job.env["PYTHONPATH"].split(":")[0] == str(WORKER_SITE)
     assert job.env["REBALANCE_PYTHON_WORKER_LOG"] == str(s.logs / "job-python-worker.log")
-    others = [c for c in components(s) if c.name != "job"]
+    sessions = next(c for c in components(s) if c.name == "job-sessions")
+    assert sessions.env["REBALANCE_PYTHON_WORKER_LOG"] == str(
+        s.logs / "job-sessions-python-worker.log")
+    others = [c for c in components(s) if c.name not in ("job", "job-sessions")]
     assert not any("REBALANCE_PYTHON_WORKER_LOG" in c.env for c in others)
 
 

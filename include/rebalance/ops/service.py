@@ -213,6 +213,16 @@ def other_job_component(s: Settings, env: dict[str, str], name: str,
 
 def check_jobs(s: Settings) -> None:
     """Refuse, in one line, a registry the service cannot run as it stands."""
+    one_job = "a one-job registry (REGISTRY=examples/one_job.toml)"
+    for job in s.registry.jobs[1:]:
+        if s.events_source == "kafka":
+            raise ServiceError(f"{s.registry.path}: jobs.{job.name}: SOURCE=kafka runs the "
+                               "first job alone (the generator writes no events table for "
+                               f"the others to read); run it with {one_job}")
+        if job.name == job_name(s):
+            raise ServiceError(f"{s.registry.path}: jobs.{job.name}: JOB={s.job_app} runs "
+                               f"the first job as {job_name(s)!r}, this job's name (its "
+                               f"checkpoint and DAG); run it with {one_job}")
     for job in s.other_jobs:
         where = f"{s.registry.path}: jobs.{job.name}"
         if job.app == "keyed":

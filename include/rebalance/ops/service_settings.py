@@ -125,8 +125,11 @@ class Settings:
 
     @property
     def other_jobs(self) -> tuple[JobConfig, ...]:
-        """The registry's jobs after the first: each runs as ``job-<name>``."""
-        return self.registry.jobs[1:]
+        """The registry's jobs after the first: each runs as ``job-<name>`` over the first
+        job's events table. None with ``SOURCE=kafka``, whose generator writes no events
+        table (``up`` refuses such a registry; ``status`` and ``down``, which go by the
+        recorded source, then show what ``up`` ran from a one-job registry)."""
+        return () if self.events_source == "kafka" else self.registry.jobs[1:]
 
     @property
     def job_components(self) -> dict[str, JobConfig]:
