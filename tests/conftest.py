@@ -133,7 +133,7 @@ MODULE_SECONDS = {
     "test_kafka.py": 210, "test_kafka_restart.py": 170, "test_dedup_restart.py": 136,
     "test_dag.py": 120, "test_maintenance_spark.py": 110, "test_apply_cli.py": 87,
     "test_approval.py": 65, "test_dag_backtest.py": 50, "test_job_capability.py": 75,
-    "test_rebalanced_api.py": 360,
+    "test_rebalanced_api.py": 360, "test_object_store.py": 80,
 }
 #: Modules that share a session-scoped resource run in one worker, one after the other:
 #: the service stack (about 90 s to start; two at once would share two cores) and the

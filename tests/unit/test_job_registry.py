@@ -100,6 +100,18 @@ def test_where_a_jobs_tables_live(tables, root):
     assert JobConfig(name="j", dag_id="d", tables=tables).tables_root(Path("/d")) == root
 
 
+def test_the_object_store_of_s3a_tables(tmp_path):
+    reg, _ = _load(tmp_path, '[service.object_store]\nendpoint = "http://127.0.0.1:9000/"\n'
+                             '[jobs.a]\ntables = "s3a://team-bucket/jobs/a"\n')
+    store = reg.service.object_store
+    assert (store.endpoint, store.region, store.path_style, store.allow_http) == (
+        "http://127.0.0.1:9000", "us-east-1", True, True)
+    assert reg.job().tables_root(tmp_path) == "s3a://team-bucket/jobs/a"
+    reg, _ = _load(tmp_path, '[jobs.a]\n')
+    assert reg.service.object_store.endpoint is None
+    assert not reg.service.object_store.allow_http
+
+
 @pytest.mark.parametrize("text, where, why", [
     ("[jobs.c]\ntheta = 0\n", "jobs.c.theta", "must be a number in (0, 2], got 0"),
     ("[jobs.c]\ntheta = 2.5\n", "jobs.c.theta", "must be a number in (0, 2], got 2.5"),
@@ -112,6 +124,18 @@ def test_where_a_jobs_tables_live(tables, root):
     ("[jobs.c]\nrequire_approval = \"yes\"\n", "jobs.c.require_approval", "must be true or false"),
     ("[jobs.c]\ndag_id = \"a b\"\n", "jobs.c.dag_id", "must be a DAG id"),
     ("[jobs.c]\ntables = \"\"\n", "jobs.c.tables", "must be a folder"),
+    ("[jobs.c]\ntables = \"gs://b/t\"\n", "jobs.c.tables",
+     "the URI scheme 'gs' is not supported; use a folder, s3a:// or file://"),
+    ("[jobs.c]\ntables = \"s3a://Bucket/t\"\n", "jobs.c.tables",
+     "an s3a:// URI names a bucket and a folder (s3a://bucket/folder)"),
+    ("[service.object_store]\nendpoint = \"127.0.0.1:9000\"\n[jobs.a]\n",
+     "service.object_store.endpoint", "must be an http:// or https:// URL of the store"),
+    ("[service.object_store]\nsecret_key = \"x\"\n[jobs.a]\n", "service.object_store.secret_key",
+     "unknown field; known: endpoint, region, path_style (credentials come from the environment"),
+    ("[service.object_store]\npath_style = \"yes\"\n[jobs.a]\n",
+     "service.object_store.path_style", "must be true or false, got 'yes'"),
+    ("[service]\nobject_store = 1\n[jobs.a]\n", "service.object_store",
+     "must be a table ([service.object_store]), got int"),
     ("[jobs.c]\nthet = 0.1\n", "jobs.c.thet", "unknown field; known: app, apply_mode"),
     ("[jobs.c]\n[jobs.c.retention]\nhistogram = 3\n", "jobs.c.retention.histogram",
      "unknown kind; known: histograms, results, events"),
@@ -203,8 +227,8 @@ def test_a_job_scope_nests_and_stays_in_its_thread_or_task():
      "'./t/' is also job 'a''s ('t'); each job needs its own"),
     ("[jobs.a]\ntables = \"/abs/t\"\n[jobs.b]\ntables = \"file:///abs/t\"\n", "jobs.b.tables",
      "'file:///abs/t' is also job 'a''s ('/abs/t')"),
-    ("[jobs.a]\ntables = \"s3a://b/t\"\n[jobs.b]\ntables = \"s3a://b/t/\"\n", "jobs.b.tables",
-     "'s3a://b/t/' is also job 'a''s ('s3a://b/t')"),
+    ("[jobs.a]\ntables = \"s3a://bkt/t\"\n[jobs.b]\ntables = \"s3a://bkt/t/\"\n", "jobs.b.tables",
+     "'s3a://bkt/t/' is also job 'a''s ('s3a://bkt/t')"),
 ])
 def test_a_job_cannot_take_a_services_dag_or_another_jobs_folder(tmp_path, text, where, why):
     path = tmp_path / "rebalance.toml"
@@ -284,6 +308,10 @@ def test_copied_contexts_keep_two_threads_jobs_apart():
 def test_the_documented_files_load_as_the_page_says(tmp_path):
     docs = (registry.DEFAULT_FILE.parent / "docs" / "registry.md").read_text()
     shipped, two = re.findall(r"```toml\n(.*?)```", docs, flags=re.S)
+    store = re.search(r"```text\n(\[service.object_store\].*?)```", docs, flags=re.S).group(1)
+    reg = registry.parse(tomllib.loads(store), Path("x"))
+    assert reg.job("clicks").tables_root(tmp_path) == "s3a://team-tables/jobs/clicks"
+    assert reg.service.object_store.endpoint == "http://127.0.0.1:9000"
     assert registry.parse(tomllib.loads(shipped), Path("x")).jobs == registry.load().jobs
     keyed, clicks = registry.parse(tomllib.loads(two), Path("x")).jobs
     assert (keyed.dag_id, keyed.tables_root(tmp_path)) == ("rebalance", tmp_path / "tables")

@@ -374,10 +374,11 @@ def test_a_registry_of_two_jobs_starts_each_job_on_its_own_tables_and_dag(tmp_pa
     ('app = "keyed"', "jobs.clicks.app: the service runs the built-in job once"),
     ('app = "sessions"\nsource = "kafka"', "jobs.clicks.source: a job after the first reads"),
     ('app = "sessions"\ntables = "s3a://bucket/clicks"',
-     "jobs.clicks.tables: not a local table path: s3a://bucket/clicks"),
+     "jobs.clicks.tables: tables on the object store need the S3A JARs, and "),
 ])
 def test_up_refuses_a_second_job_it_cannot_run_in_one_line_before_starting(
         tmp_path, monkeypatch, job, message):
+    monkeypatch.setenv("REBALANCE_JARS_DIR", str(tmp_path / "no-jars"))
     path = tmp_path / "rebalance.toml"
     path.write_text(f"[jobs.keyed]\ndag_id = \"rebalance\"\ntables = \"tables\"\n"
                     f"[jobs.clicks]\n{job}\n")

@@ -124,8 +124,9 @@ def test_the_service_listens_on_loopback_and_runs_the_control_plane_on_spark_con
     assert env["REBALANCE_SPARK_REMOTE"] == "sc://127.0.0.1:18002"
     assert env["AIRFLOW_HOME"] == str(settings.airflow_home)
     parts = {c.name: c for c in components(settings)}
-    assert list(parts) == ["spark-connect", "generator", "job", "api-server", "scheduler",
-                           "dag-processor", "triggerer"]
+    # the shipped registry's two jobs: the built-in one and the sessions example
+    assert list(parts) == ["spark-connect", "generator", "job", "job-sessions", "api-server",
+                           "scheduler", "dag-processor", "triggerer"]
     connect = " ".join(parts["spark-connect"].argv)
     assert "spark.connect.grpc.binding.address=127.0.0.1" in connect
     assert "spark.connect.grpc.binding.port=18002" in connect

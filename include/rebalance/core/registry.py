@@ -24,7 +24,7 @@ from typing import Any
 from rebalance.core.defaults import APPLY_MODES, DEFAULT_THETA, theta_problem
 
 REGISTRY_ENV = "REBALANCE_REGISTRY"
-#: The registry a checkout runs with (one job, the built-in one).
+#: The registry a checkout runs with (the built-in job and the sessions example).
 DEFAULT_FILE = Path(__file__).resolve().parents[3] / "rebalance.toml"
 #: The programs the service can run for a job: the built-in job and the examples.
 APPS = ("keyed", "sessions", "views", "devices")

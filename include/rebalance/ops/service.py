@@ -232,15 +232,23 @@ def check_jobs(s: Settings) -> None:
         if job.source != "delta":
             raise ServiceError(f"{where}.source: a job after the first reads the first "
                                "job's events table (source = \"delta\")")
-        if not isinstance(job.tables_root(s.data), Path):
-            raise ServiceError(f"{where}.tables: not a local table path: {job.tables}")
+    from rebalance.spark import object_store
+
+    for job in s.registry.jobs:
+        if object_store.is_object_store(job.tables):
+            try:
+                object_store.spark_settings()
+            except FileNotFoundError as exc:
+                raise ServiceError(f"{s.registry.path}: jobs.{job.name}.tables: {exc}") from None
 
 
 def _connect_server(s: Settings, env: dict[str, str]) -> Component:
-    from rebalance.spark import session
+    from rebalance.spark import object_store, session
 
-    jars = ",".join(str(j) for j in session.delta_jars())
-    confs = {**session.JVM_SQL_SETTINGS,
+    store = object_store.spark_settings()  # a job's tables on the object store
+    jars = ",".join([str(j) for j in session.delta_jars()]
+                    + [j for j in [store.pop("spark.jars", "")] if j])
+    confs = {**session.JVM_SQL_SETTINGS, **store,
         "spark.connect.grpc.binding.address": HOST,
         "spark.connect.grpc.binding.port": str(s.connect_port),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",

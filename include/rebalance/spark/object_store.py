@@ -5,10 +5,10 @@ addressing); credentials come from the environment (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``), which Spark's S3A connector, delta-rs
 and Arrow all read. From it: delta-rs' ``storage_options``, an Arrow file system for the
 log listings of :mod:`rebalance.spark.delta_rs`, and Spark's ``fs.s3a.*`` settings plus
-the S3A JARs (``.jars/s3a``, fetched by ``make setup``) on the driver's and executors'
-class path (not ``spark.jars``, which would copy the 700-MB AWS SDK into every
-application's folder), only when a job of the registry keeps its tables there. Fields:
-``docs/registry.md``.
+the S3A JARs (``.jars/s3a``, fetched by ``make setup``) as ``local:`` entries of
+``spark.jars`` (not copied into every application's folder: the AWS SDK is 700 MB; and
+behind Spark's own JARs, whose SLF4J the SDK's would hide on the class path), only when
+a job of the registry keeps its tables there. Fields: ``docs/registry.md``.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def in_use() -> bool:
 
 
 def spark_settings() -> dict[str, str]:
-    """Spark settings for the object store: the S3A JARs on the class paths and
-    ``spark.hadoop.fs.s3a.*``; empty when no job uses it. Set before the JVM starts."""
+    """Spark settings for the object store: the S3A JARs (``spark.jars``, to be joined to
+    the session's others) and ``spark.hadoop.fs.s3a.*``; empty when no job uses it."""
     if not in_use():
         return {}
     jars = sorted((jars_dir() / "s3a").glob("*.jar"))
@@ -75,9 +75,7 @@ def spark_settings() -> dict[str, str]:
         raise FileNotFoundError(f"tables on the object store need the S3A JARs, and "
                                 f"{jars_dir() / 's3a'} has none: run `make setup`")
     store = _store()
-    classpath = ":".join(str(j) for j in jars)
-    settings = {"spark.driver.extraClassPath": classpath,
-                "spark.executor.extraClassPath": classpath,
+    settings = {"spark.jars": ",".join(f"local:{j}" for j in jars),
                 "spark.hadoop.fs.s3a.endpoint.region": store.region,
                 "spark.hadoop.fs.s3a.path.style.access": str(store.path_style).lower()}
     if store.endpoint:

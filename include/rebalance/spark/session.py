@@ -95,7 +95,9 @@ def session_conf(app_name: str, master: str | None = None,
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         **JVM_SQL_SETTINGS,
     }
-    settings.update(object_store.spark_settings())  # tables on the object store
+    store = object_store.spark_settings()  # tables on the object store: S3A JARs, fs.s3a.*
+    store_jars = store.pop("spark.jars", "")
+    settings.update(store)
     java_options = [log4j_options(app_name)]
     if "spark.master" not in submitted:
         settings["spark.master"] = "local[*]"
@@ -126,6 +128,8 @@ def session_conf(app_name: str, master: str | None = None,
         settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
         settings.setdefault("spark.driver.host", "127.0.0.1")
     _add_delta_jars(settings)
+    if store_jars:
+        settings["spark.jars"] = ",".join(j for j in (settings.get("spark.jars"), store_jars) if j)
     return settings
 
 
