@@ -575,14 +575,22 @@ class ServiceStack(Service):
 _SHARED: dict = {"users": 0}
 
 
+#: The registry of the session's stack: what ``make up REGISTRY=examples/one_job.toml``
+#: runs. Its modules check the built-in job alone, and the shipped registry's second
+#: streaming job would share the machine's two cores (``test_service_sessions.py`` runs it).
+ONE_JOB = Path(__file__).resolve().parents[2] / "examples" / "one_job.toml"
+
+
 @pytest.fixture(scope="session")
 def service(tmp_path_factory):
-    """The service stack of the session (started once, stopped at the session's end)."""
+    """The service stack of the session (started once, stopped at the session's end), on
+    :data:`ONE_JOB`."""
     if "error" in _SHARED:
         raise RuntimeError(f"the service stack did not start: {_SHARED['error']}")
     stack = _SHARED.get("stack")
     if stack is None:
-        stack = ServiceStack(tmp_path_factory.mktemp("service"))
+        stack = ServiceStack(tmp_path_factory.mktemp("service"), registry=ONE_JOB)
+        assert [j.name for j in stack.s.registry.jobs] == ["keyed"], stack.s.registry.path
         try:
             stack.start()
         except BaseException as exc:

@@ -49,8 +49,6 @@ from rebalance.ops.airflow_client import AirflowClient
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-#: The registry of the session's stack (:func:`_one_job_stack`).
-ONE_JOB = REPO / "examples" / "one_job.toml"
 SHOTS = Path(os.environ.get("REBALANCE_TEST_SHOTS", REPO / ".data" / "test-shots"))
 #: From the stack being up on the 30-s schedule (or the switch to it) to a scheduled plan
 #: applied and verified: about a minute on a quiet machine. (The schedule starts once the
@@ -58,19 +56,6 @@ SHOTS = Path(os.environ.get("REBALANCE_TEST_SHOTS", REPO / ".data" / "test-shots
 #: beside the Connect server and the skipping runs lagged by minutes, and the first plan
 #: came 11.5 min after the stack's start.)
 SCHEDULED_PLAN_TIMEOUT = 10 * 60
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_job_stack(request):
-    """The session's stack on the one-job registry (``make up
-    REGISTRY=examples/one_job.toml``): these tests check the built-in job alone, and the
-    shipped registry's second streaming job would share the machine's cores. The stack
-    keeps the registry it was made with (its processes get it as ``REBALANCE_REGISTRY``);
-    the variable is set only while it is made."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("REBALANCE_REGISTRY", str(ONE_JOB))
-        stack = request.getfixturevalue("service")
-    assert [j.name for j in stack.s.registry.jobs] == ["keyed"], stack.s.registry.path
 
 
 class Api(AirflowClient):

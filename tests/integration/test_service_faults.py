@@ -54,25 +54,9 @@ from rebalance.ops.airflow_client import AirflowClient, AirflowError
 
 pytestmark = pytest.mark.slow
 
-#: The registry of the session's stack (:func:`_one_job_stack`).
-ONE_JOB = Path(__file__).resolve().parents[2] / "examples" / "one_job.toml"
-
 RUN_TIMEOUT = 600
 #: The data interval of a forced run: the 6 latest windows of 5 s (a run looks back on 6).
 FORCED_INTERVAL = dt.timedelta(seconds=30)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_job_stack(request):
-    """The session's stack on the one-job registry (``make up
-    REGISTRY=examples/one_job.toml``): these tests check the built-in job alone, and the
-    shipped registry's second streaming job would share the machine's cores. The stack
-    keeps the registry it was made with (its processes get it as ``REBALANCE_REGISTRY``);
-    the variable is set only while it is made."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("REBALANCE_REGISTRY", str(ONE_JOB))
-        stack = request.getfixturevalue("service")
-    assert [j.name for j in stack.s.registry.jobs] == ["keyed"], stack.s.registry.path
 
 
 class Api(AirflowClient):
