@@ -222,3 +222,21 @@ class ScopedStandIn(JobStandIn):
 
         with registry.job_scope(self.job):
             super().run()
+
+
+def run_job_dag(spark, dag, job, conf=None):
+    """A job's DAG run for real on skewed windows of the job's own tables: assignment
+    version 0 and six windows written, then one manual run (``dag.test``) beside the
+    stand-in job, which must apply and verify its plan; the run."""
+    from rebalance.core import registry
+    from rebalance.spark import tables
+
+    with registry.job_scope(job):
+        tables.create_assignments(spark, N)
+        di = seed_interval(spark, dag, LIVE, traffic(skewed=True))
+    with ScopedStandIn(job, spark, di.end, traffic(skewed=True)):
+        dr = dag.test(logical_date=LIVE, run_after=LIVE, run_conf=conf or {})
+    states = task_states(dr.dag_id, dr.run_id)
+    assert dr.state == "success", states
+    assert states["apply"] == "success" and states["verify"] == "success"
+    return dr

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from dag_helpers import LIVE, REPO, TEST_POKE_SECONDS, N, ScopedStandIn, seed_interval, task_states, traffic
+from dag_helpers import REPO, TEST_POKE_SECONDS, N, run_job_dag
 
 BUCKET_ROOT = "s3a://rebalance-test/jobs/clicks/tables"
 
@@ -35,13 +35,7 @@ def test_a_jobs_dag_plans_applies_and_verifies_on_object_store_tables(spark, air
 
     with registry.job_scope(clicks):
         assert tables.ASSIGNMENTS.path() == f"{BUCKET_ROOT}/assignments"
-        tables.create_assignments(spark, N)
-        di = seed_interval(spark, dag, LIVE, traffic(skewed=True))   # Spark writes to S3
-    with ScopedStandIn(clicks, spark, di.end, traffic(skewed=True)):
-        dr = dag.test(logical_date=LIVE, run_after=LIVE, run_conf={"method": "milp"})
-    states = task_states(dr.dag_id, dr.run_id)
-    assert dr.state == "success", states
-    assert states["apply"] == "success" and states["verify"] == "success"
+    run_job_dag(spark, dag, clicks, {"method": "milp"})   # Spark writes the windows to S3
 
     with registry.job_scope(clicks):
         (plan,) = PlanStore(spark).plans()

@@ -10,11 +10,8 @@ from dag_helpers import (
     REPO,
     TEST_POKE_SECONDS,
     N,
-    ScopedStandIn,
     interval,
-    seed_interval,
-    task_states,
-    traffic,
+    run_job_dag,
 )
 
 pytestmark = pytest.mark.slow
@@ -66,15 +63,8 @@ def test_each_jobs_dag_plans_and_applies_on_its_own_tables_only(two_jobs, spark)
     dag = dags["rebalance_clicks"]
     assert dag.params["apply_mode"] == "broadcast" and "job:clicks" in dag.tags
     tables.create_assignments(spark, N)                  # the built-in job's, untouched
-    with registry.job_scope(clicks):
-        tables.create_assignments(spark, N)
-        di = seed_interval(spark, dag, LIVE, traffic(skewed=True))
+    dr = run_job_dag(spark, dag, clicks, {"method": "milp"})
     assert tables.ASSIGNMENTS.path() == str(data / "tables" / "assignments")
-    with ScopedStandIn(clicks, spark, di.end, traffic(skewed=True)):
-        dr = dag.test(logical_date=LIVE, run_after=LIVE, run_conf={"method": "milp"})
-    states = task_states(dr.dag_id, dr.run_id)
-    assert dr.state == "success", states
-    assert states["apply"] == "success" and states["verify"] == "success"
 
     with registry.job_scope(clicks):
         assert tables.tables_root() == data / "jobs" / "clicks" / "tables"
