@@ -20,8 +20,10 @@ COPY --chown=airflow:0 include/ /opt/rebalance/include/
 RUN pip install --no-cache-dir -r /opt/rebalance/requirements.txt -c /opt/rebalance/constraints.txt \
  && pip install --no-cache-dir --no-deps /opt/rebalance
 
-# Delta Lake JARs (include/jars/ivy.xml) with their runtime dependencies, fetched by the
-# Ivy that pyspark ships (no Maven); no Kafka broker in the image.
+# Delta Lake JARs (include/jars/ivy.xml) with their runtime dependencies, and the S3A
+# connector for tables on S3 (include/jars/s3a.ivy.xml, in jars/s3a: a session takes it only
+# when a job of the registry keeps its tables on s3a://), fetched by the Ivy that pyspark
+# ships (no Maven); no Kafka broker in the image.
 RUN REBALANCE_IVY_CACHE=/tmp/ivy-cache bash /opt/rebalance/include/scripts/fetch_jars.sh /opt/rebalance/jars \
         "$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
         --no-broker \
