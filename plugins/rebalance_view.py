@@ -24,15 +24,14 @@ Every endpoint requires an authenticated Airflow user allowed to read the ``reba
 DAG (anonymous: 401, or a redirect to the login page for pages). The only action,
 **rollback**, triggers a run of the ``rebalance_rollback`` DAG through Airflow's own REST
 API with the caller's credentials; nothing here writes to Delta. Data is read through
-:mod:`rebalance.ui.views` on the control plane's Spark (the Spark Connect server of
-``make up``, ``REBALANCE_SPARK_REMOTE``) and rendered by the Jinja2 templates of
-:mod:`rebalance.ui.pages` (autoescaped: every value from the data is escaped).
+:mod:`rebalance.ui.views` with delta-rs in the api-server (the ``spark`` argument is None:
+no JVM round trip, local or ``s3a://`` tables alike) and rendered by the Jinja2 templates
+of :mod:`rebalance.ui.pages` (autoescaped: every value from the data is escaped).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from contextlib import contextmanager
 from urllib.parse import quote, urlsplit
 
@@ -46,22 +45,6 @@ from rebalance.ui.pages import DAG_ID, PREFIX, ROLLBACK_DAG_ID
 can_read = Depends(requires_access_dag("GET", param_dag_id=DAG_ID))
 app = FastAPI(title="Rebalance", description=__doc__.split("\n\n")[0],
               dependencies=[can_read])
-
-
-def _spark():
-    """The session the view reads with: none for local tables (read through delta-rs in
-    the api-server, no JVM round trip: a page in well under a second); else the Spark
-    Connect server of ``make up``."""
-    from rebalance.control.inputs import spark_session
-    from rebalance.spark import delta_rs, tables
-
-    if delta_rs.readable(tables.tables_root()):
-        return None
-    if not os.environ.get("REBALANCE_SPARK_REMOTE"):
-        raise HTTPException(503, "the Rebalance view reads tables under a URI through the Spark "
-                                 "Connect server of `make up` (REBALANCE_SPARK_REMOTE is not set "
-                                 "in the api-server)")
-    return spark_session()
 
 
 @contextmanager
@@ -86,7 +69,7 @@ def _job(name: str | None, dag: str | None = None):
 def api_plans(limit: int = 200, job: str | None = None) -> JSONResponse:
     from rebalance.ui import views
     with _job(job):
-        return JSONResponse(views.plans(_spark(), limit=limit))
+        return JSONResponse(views.plans(None, limit=limit))
 
 
 @app.get("/api/plans/{plan_id}")
@@ -94,7 +77,7 @@ def api_plan(plan_id: str, job: str | None = None) -> JSONResponse:
     from rebalance.ui import views
     with _job(job):
         try:
-            return JSONResponse(json.loads(json.dumps(views.plan(_spark(), plan_id),
+            return JSONResponse(json.loads(json.dumps(views.plan(None, plan_id),
                                                       default=str)))
         except views.NotFound as exc:
             raise HTTPException(404, str(exc)) from None
@@ -104,14 +87,14 @@ def api_plan(plan_id: str, job: str | None = None) -> JSONResponse:
 def api_assignments(job: str | None = None) -> JSONResponse:
     from rebalance.ui import views
     with _job(job):
-        return JSONResponse(views.assignments(_spark()))
+        return JSONResponse(views.assignments(None))
 
 
 @app.get("/api/loads")
 def api_loads(windows: int = 60, job: str | None = None) -> JSONResponse:
     from rebalance.ui import views
     with _job(job):
-        return JSONResponse(views.instance_loads(_spark(), windows=windows))
+        return JSONResponse(views.instance_loads(None, windows=windows))
 
 
 @app.get("/api/health")
@@ -137,7 +120,7 @@ def api_ratios(windows: int = 60, job: str | None = None) -> JSONResponse:
     """Each window's max / mean load against ``1 + theta`` (:func:`views.realised_ratios`)."""
     from rebalance.ui import views
     with _job(job):
-        return JSONResponse(views.realised_ratios(_spark(), windows=windows))
+        return JSONResponse(views.realised_ratios(None, windows=windows))
 
 
 @app.get("/api/jobs")
@@ -155,10 +138,9 @@ def _jobs() -> list[dict]:
     rows = []
     for job in registry.load().jobs:
         with registry.job_scope(job):
-            spark = _spark()
             health, skipped = _health(job.dag_id)
-            ratios = views.realised_ratios(spark, windows=1)
-            plans = views.plans(spark, limit=1)
+            ratios = views.realised_ratios(None, windows=1)
+            plans = views.plans(None, limit=1)
         rows.append({"job": job.name, "dag_id": job.dag_id, "theta": job.theta,
                      "dag": health["dag"], "window": health["job"],
                      "last_run": health["last run"], "skipped": skipped,
@@ -179,10 +161,9 @@ def index(request: Request, triggered: str | None = None, error: str | None = No
           job: str | None = None, dag: str | None = None) -> str:
     from rebalance.ui import pages, views
     with _job(job, dag) as (config, page_job):
-        spark = _spark()
-        return pages.render_index(views.instance_loads(spark, windows=views.CHART_WINDOWS),
-                                  views.realised_ratios(spark, windows=views.CHART_WINDOWS),
-                                  views.plans(spark, limit=100), views.assignments(spark),
+        return pages.render_index(views.instance_loads(None, windows=views.CHART_WINDOWS),
+                                  views.realised_ratios(None, windows=views.CHART_WINDOWS),
+                                  views.plans(None, limit=100), views.assignments(None),
                                   _health(config.dag_id)[0], triggered=triggered, error=error,
                                   job=page_job, dag_id=config.dag_id)
 
@@ -192,7 +173,7 @@ def plan_page(plan_id: str, job: str | None = None) -> str:
     from rebalance.ui import pages, views
     with _job(job) as (config, page_job):
         try:
-            p = views.plan(_spark(), plan_id)
+            p = views.plan(None, plan_id)
         except views.NotFound as exc:
             raise HTTPException(404, str(exc)) from None
         return pages.render_plan(p, job=page_job, dag_id=config.dag_id)

@@ -58,15 +58,6 @@ def cli_spark_session():
         return spark_session()
 
 
-def cli_read_session():
-    """The session a command that only reads needs: none when delta-rs reads the tables (a
-    folder, or the object store: :mod:`rebalance.spark.delta_rs`, no JVM starts), else
-    :func:`cli_spark_session`."""
-    from rebalance.spark import delta_rs, tables
-
-    return None if delta_rs.readable(tables.tables_root()) else cli_spark_session()
-
-
 def refuse_unreadable_tables(spark, root=None) -> None:
     """One line naming the path of a project table that exists but is no readable Delta
     table (corrupt ``_delta_log``, a plain folder), before any command reads it."""
@@ -411,7 +402,7 @@ def status(args: argparse.Namespace) -> int:
         raise UserError(f"--windows must be within [1, {MAX_STATUS_WINDOWS}], got {args.windows}")
     from rebalance.spark.plan_store import PlanStore
 
-    spark = cli_read_session()
+    spark = None  # reads only: delta-rs reads every table location (no JVM starts)
     refuse_unreadable_tables(spark)
     if not tables.exists(spark, tables.ASSIGNMENTS):
         print("no assignments table yet: the streaming job creates it at start")

@@ -53,13 +53,13 @@ def add_subcommands(subparsers) -> None:
 def history(args: argparse.Namespace) -> int:
     """Print the plans and assignment versions, newest first, from Delta history."""
     from rebalance.cli import UserError
-    from rebalance.cli.apply import cli_read_session, refuse_unreadable_tables
+    from rebalance.cli.apply import refuse_unreadable_tables
     from rebalance.spark import tables
     from rebalance.spark.plan_store import PLANS, PlanStore
 
     if args.limit < 0:  # checked before any table is read
         raise UserError(f"--limit must be >= 0 (0: all), got {args.limit}")
-    spark = cli_read_session()
+    spark = None  # reads only: delta-rs reads every table location (no JVM starts)
     store = PlanStore(spark)
     refuse_unreadable_tables(spark, store.root)
     limit = args.limit or None
