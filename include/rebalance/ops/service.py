@@ -234,18 +234,17 @@ def check_jobs(s: Settings) -> None:
                                "job's events table (source = \"delta\")")
     from rebalance.spark import object_store
 
-    for job in s.registry.jobs:
-        if object_store.is_object_store(job.tables):
-            try:
-                object_store.spark_settings()
-            except FileNotFoundError as exc:
-                raise ServiceError(f"{s.registry.path}: jobs.{job.name}.tables: {exc}") from None
+    try:
+        object_store.spark_settings(s.registry)  # the S3A JARs, when a job is on s3a://
+    except FileNotFoundError as exc:
+        job = next(j for j in s.registry.jobs if object_store.is_object_store(j.tables))
+        raise ServiceError(f"{s.registry.path}: jobs.{job.name}.tables: {exc}") from None
 
 
 def _connect_server(s: Settings, env: dict[str, str]) -> Component:
     from rebalance.spark import object_store, session
 
-    store = object_store.spark_settings()  # a job's tables on the object store
+    store = object_store.spark_settings(s.registry)  # a job's tables on the object store
     jars = ",".join([str(j) for j in session.delta_jars()]
                     + [j for j in [store.pop("spark.jars", "")] if j])
     confs = {**session.JVM_SQL_SETTINGS, **store,

@@ -26,8 +26,8 @@ def is_object_store(path: str | Path) -> bool:
     return str(path).partition("://")[0] in SCHEMES and "://" in str(path)
 
 
-def _store() -> registry.ObjectStore:
-    return registry.load().service.object_store
+def _store(reg: registry.Registry | None = None) -> registry.ObjectStore:
+    return (reg or registry.load()).service.object_store
 
 
 def storage_options(path: str | Path) -> dict[str, str] | None:
@@ -59,22 +59,22 @@ def filesystem(path: str | Path):
     return pafs.S3FileSystem(**kwargs), str(path).partition("://")[2].rstrip("/")
 
 
-def in_use() -> bool:
-    """Whether a job of the registry keeps its tables on the object store."""
-    reg = registry.load()
-    return any(is_object_store(job.tables) for job in reg.jobs)
+def in_use(reg: registry.Registry | None = None) -> bool:
+    """Whether a job of the registry (default: :func:`registry.load`) keeps its tables on
+    the object store."""
+    return any(is_object_store(job.tables) for job in (reg or registry.load()).jobs)
 
 
-def spark_settings() -> dict[str, str]:
+def spark_settings(reg: registry.Registry | None = None) -> dict[str, str]:
     """Spark settings for the object store: the S3A JARs (``spark.jars``, to be joined to
     the session's others) and ``spark.hadoop.fs.s3a.*``; empty when no job uses it."""
-    if not in_use():
+    if not in_use(reg):
         return {}
     jars = sorted((jars_dir() / "s3a").glob("*.jar"))
     if not jars:
         raise FileNotFoundError(f"tables on the object store need the S3A JARs, and "
                                 f"{jars_dir() / 's3a'} has none: run `make setup`")
-    store = _store()
+    store = _store(reg)
     settings = {"spark.jars": ",".join(f"local:{j}" for j in jars),
                 "spark.hadoop.fs.s3a.endpoint.region": store.region,
                 "spark.hadoop.fs.s3a.path.style.access": str(store.path_style).lower()}
