@@ -133,15 +133,24 @@ class InstanceHost(StatefulProcessor):
         now = self._now(timerValues)
         sizes: dict[str, int] = {}
         s = self.settings
-        user_rows, names = frame[list(s.user_columns)], frame["rb_key"].to_numpy()
         batch_ms = timerValues.getCurrentProcessingTimeInMs()
         outs: list[tuple[pd.DataFrame, Any]] = []
-        for value, index in frame.groupby(s.key_column, sort=False).indices.items():
+        # the rows ordered by key once (stable: a key's rows keep their order), each key's
+        # rows then a slice (a take per key cost twice as much); keys in order of first
+        # appearance; a null key's code is -1, outside every slice, as groupBy drops it
+        codes, values = pd.factorize(frame[s.key_column], sort=False)
+        order = np.argsort(codes, kind="stable")
+        ordered = frame[list(s.user_columns)].take(order)
+        names = frame["rb_key"].to_numpy()[order]
+        codes = codes[order]
+        starts = np.searchsorted(codes, np.arange(len(values)), side="left")
+        ends = np.searchsorted(codes, np.arange(len(values)), side="right")
+        for value, lo, hi in zip(values, starts, ends):
             value = _native(value)
             self.scope.enter(value, batch_ms)
             outs += [(out, value) for out in self.processor.handleInputRows(
-                (value,), iter([user_rows.take(index).reset_index(drop=True)]), timerValues)]
-            sizes[names[index[0]]] = self.scope.state_bytes()
+                (value,), iter([ordered.iloc[lo:hi].reset_index(drop=True)]), timerValues)]
+            sizes[names[lo]] = self.scope.state_bytes()
         if outs:
             yield self._user_rows(outs, instance)
         self._count(frame, sizes, now, time.perf_counter_ns() - started,
