@@ -11,11 +11,14 @@ a fresh Python process with its own driver on local[2], N = ``--instances`` part
   (Spark's built-in aggregation pre-aggregates before the shuffle);
 * ``plain``: :class:`~rebalance.streaming.sliding.SlidingWindows` under
   ``groupBy("key").transformWithStateInPandas``;
-* ``rebalanced``: the same processor under ``rebalanced()``.
+* ``rebalanced``: the same processor under ``rebalanced()``;
+* ``builtin``: the built-in job (``spark_apps/keyed_job.py``: its own vectorised operator,
+  ``streaming/processor.py``, with its tables: results, histograms, window results) on the
+  same events as raw strings, 1-minute windows, 3 of them sliding, the same watermark.
 
 Per side: the median micro-batch time (``triggerExecution``, the first batch left out),
 events/s over those batches, and the start-up (process start to the first micro-batch
-done); the ratios to ``agg`` and, for ``rebalanced``, to ``plain``.
+done); the ratios of ``rebalanced`` to ``agg``, ``plain`` and ``builtin``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-SIDES = ("agg", "plain", "rebalanced")
+SIDES = ("agg", "plain", "rebalanced", "builtin")
 WINDOW_MS, N_WINDOWS, DELAY = 60_000, 3, "2 minutes"
 
 
@@ -60,6 +63,7 @@ def events(per_batch: int, batches: int, keys: int, seed: int = 1) -> list[pd.Da
 
 def write_input(frames: list[pd.DataFrame], source: str) -> None:
     from rebalance.spark.session import get_spark
+    from rebalance.spark.tables import RAW_EVENT_DDL
     from rebalance.streaming.sliding import SLIDING_INPUT
 
     spark = get_spark("sliding-input", master="local[2]")
@@ -67,7 +71,18 @@ def write_input(frames: list[pd.DataFrame], source: str) -> None:
     for frame in frames:
         (spark.createDataFrame(frame, SLIDING_INPUT).coalesce(1).write.format("delta")
          .mode("append").save(source))
+        raw = frame.assign(value=frame["value"].map(repr), cost=frame["cost"].map(repr),
+                           event_time=frame["event_time"].dt.strftime("%Y-%m-%dT%H:%M:%S.%f")
+                           .str[:-3] + "Z")
+        (spark.createDataFrame(raw[["event_id", "key", "value", "cost", "event_time"]],
+                               RAW_EVENT_DDL)
+         .coalesce(1).write.format("delta").mode("append").save(raw_source(source)))
     spark.stop()
+
+
+def raw_source(source: str) -> str:
+    """The built-in job's events: the same events, every field a string."""
+    return str(Path(source).parent / "raw_events")
 
 
 def run(side: str, source: str, instances: int, launched: float) -> dict[str, float]:
@@ -84,7 +99,20 @@ def run(side: str, source: str, instances: int, launched: float) -> dict[str, fl
     stream = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(source)
               .withWatermark("event_time", DELAY))
     processor = SlidingWindows(WINDOW_MS, N_WINDOWS, 120_000)
-    if side == "rebalanced":
+    if side == "builtin":
+        import shutil
+
+        from rebalance.streaming.job import JobConfig, start_job
+
+        # its own tables each run, its events table a copy of the raw events
+        shutil.copytree(raw_source(source), root / "tables" / "events")
+        handle = start_job(spark, JobConfig(
+            n_instances=instances, window_seconds=WINDOW_MS / 1000, n_windows=N_WINDOWS,
+            watermark_seconds=120, max_files_per_trigger=1, trigger_seconds=1.0,
+            name="sliding-builtin", tables_root=str(root / "tables"),
+            checkpoint_root=str(root / "chk")))
+        query = handle.keyed
+    elif side == "rebalanced":
         job = rebalanced(stream, key="key", processor=processor, output_schema=SLIDING_SCHEMA,
                          time_mode="EventTime", event_time="event_time", cost="cost",
                          job="sliding", instances=instances, tables_root=str(root / "tables"))
@@ -141,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     write_input(events(a.events, a.batches, a.keys), source)
     figures: dict[str, list[dict]] = {side: [] for side in SIDES}
     for i in range(a.runs):
-        for side in SIDES[i % 3:] + SIDES[:i % 3]:       # a different side first each run
+        first = i % len(SIDES)
+        for side in SIDES[first:] + SIDES[:first]:       # a different side first each run
             figures[side].append(run_child(side, source, a.instances))
             print(side, figures[side][-1], flush=True)
     print(f"\n{a.events} events per micro-batch (1 in 10 a retry), {a.batches} micro-batches, "
@@ -154,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             line.append(f"{side} median {statistics.median(values):8.2f} worst "
                         f"{worst(values):8.2f}")
         print(" | ".join(line))
-    for base in ("agg", "plain"):
+    for base in ("agg", "plain", "builtin"):
         ratios = [r["events_per_s"] / q["events_per_s"]
                   for r, q in zip(figures["rebalanced"], figures[base])]
         print(f"events/s rebalanced / {base}: median {statistics.median(ratios):.2f} worst "
