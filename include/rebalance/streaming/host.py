@@ -143,9 +143,8 @@ class InstanceHost(StatefulProcessor):
         ordered = frame[list(s.user_columns)].take(order)
         names = frame["rb_key"].to_numpy()[order]
         codes = codes[order]
-        starts = np.searchsorted(codes, np.arange(len(values)), side="left")
-        ends = np.searchsorted(codes, np.arange(len(values)), side="right")
-        for value, lo, hi in zip(values, starts, ends):
+        bounds = np.searchsorted(codes, np.arange(len(values) + 1))  # key i: [b[i], b[i+1])
+        for value, lo, hi in zip(values, bounds[:-1], bounds[1:]):
             value = _native(value)
             self.scope.enter(value, batch_ms)
             outs += [(out, value) for out in self.processor.handleInputRows(

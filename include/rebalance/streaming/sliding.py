@@ -28,8 +28,11 @@ SLIDING_SCHEMA = ("key STRING, window_start TIMESTAMP, events BIGINT, count BIGI
 SLIDING_COLUMNS = [c.split()[0] for c in SLIDING_SCHEMA.split(", ")]
 
 
+#: numpy type of each Spark type :data:`SLIDING_SCHEMA` uses
+_NUMPY_TYPES = {"STRING": object, "TIMESTAMP": "datetime64[ms]", "BIGINT": np.int64,
+                "DOUBLE": np.float64, "BOOLEAN": bool}
 #: numpy types of :data:`SLIDING_SCHEMA`'s columns, in order
-_DTYPES = (object, "datetime64[ms]", np.int64, np.int64, np.float64, np.int64, np.float64, bool)
+_DTYPES = tuple(_NUMPY_TYPES[c.split()[1]] for c in SLIDING_SCHEMA.split(", "))
 
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:
