@@ -64,6 +64,7 @@ def events(per_batch: int, batches: int, keys: int, seed: int = 1) -> list[pd.Da
 def write_input(frames: list[pd.DataFrame], source: str) -> None:
     from rebalance.spark.session import get_spark
     from rebalance.spark.tables import RAW_EVENT_DDL
+    from rebalance.streaming.generator import event_time_text
     from rebalance.streaming.sliding import SLIDING_INPUT
 
     spark = get_spark("sliding-input", master="local[2]")
@@ -72,8 +73,7 @@ def write_input(frames: list[pd.DataFrame], source: str) -> None:
         (spark.createDataFrame(frame, SLIDING_INPUT).coalesce(1).write.format("delta")
          .mode("append").save(source))
         raw = frame.assign(value=frame["value"].map(repr), cost=frame["cost"].map(repr),
-                           event_time=frame["event_time"].dt.strftime("%Y-%m-%dT%H:%M:%S.%f")
-                           .str[:-3] + "Z")
+                           event_time=event_time_text(pd.DatetimeIndex(frame["event_time"])))
         (spark.createDataFrame(raw[["event_id", "key", "value", "cost", "event_time"]],
                                RAW_EVENT_DDL)
          .coalesce(1).write.format("delta").mode("append").save(raw_source(source)))

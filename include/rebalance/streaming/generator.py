@@ -94,6 +94,11 @@ class EventBatch:
     malformed: pd.Series
 
 
+def event_time_text(times: pd.DatetimeIndex) -> pd.Index:
+    """Event times as the raw events carry them: ISO-8601, milliseconds, UTC ("...Z")."""
+    return times.strftime("%Y-%m-%dT%H:%M:%S.%f").str[:-3] + "Z"
+
+
 class EventGenerator:
     """Batches of the stream described by a :class:`GeneratorConfig`."""
 
@@ -154,7 +159,7 @@ class EventGenerator:
             "key": self.keys[key_index],
             "value": [f"{v:.3f}" for v in values],
             "cost": [f"{v:.4f}" for v in costs],
-            "event_time": times.strftime("%Y-%m-%dT%H:%M:%S.%f").str[:-3] + "Z",
+            "event_time": event_time_text(times),
         })
         malformed = self._malform(events, rng)
         return EventBatch(batch, events, malformed)
