@@ -1,12 +1,12 @@
-"""KeyScope over an in-memory handle: a key's list and map variables are read once and
-written back once, the keys due at a timestamp once per call, and nothing staged is lost
-when the scope moves on, exports a key or ends the call."""
+"""KeyScope over an in-memory handle: a key's variables and timers are one entry, read once
+and written back once per key in scope, the keys due at a timestamp once per call, and
+nothing staged is lost when the scope moves on, exports a key or ends the call."""
 
 from __future__ import annotations
 
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
-from rebalance.streaming.keyed_state import KeyScope
+from rebalance.streaming.keyed_state import STATE, TTL_STATE, ContractError, KeyScope
 
 
 class FakeMap:
@@ -38,10 +38,12 @@ class FakeMap:
 class FakeHandle:
     def __init__(self) -> None:
         self.maps: dict[str, FakeMap] = {}
+        self.ttls: dict[str, int | None] = {}
         self.timers: set[int] = set()
         self.registered = 0
 
     def getMapState(self, name, key_schema, value_schema, ttl=None):
+        self.ttls[name] = ttl
         return self.maps.setdefault(name, FakeMap())
 
     def registerTimer(self, ts):
@@ -52,32 +54,84 @@ class FakeHandle:
         self.timers.discard(ts)
 
 
+def struct(**fields) -> StructType:
+    return StructType([StructField(name, kind()) for name, kind in fields.items()])
+
+
 def scope() -> tuple[KeyScope, FakeHandle]:
     handle = FakeHandle()
     return KeyScope(handle, StringType(), "EventTime"), handle
 
 
-def test_a_map_is_read_once_and_written_once_per_key():
+def test_a_keys_variables_and_timers_are_read_once_and_written_once_per_key():
     s, handle = scope()
     seen = s.getMapState("seen", StructType([StructField("id", StringType())]),
                          StructType([StructField("at", LongType())]))
-    real = handle.maps["u:seen"]
+    recent = s.getListState("recent", StructType([StructField("v", DoubleType())]))
+    last = s.getValueState("last", struct(v=DoubleType))
+    s.seal()
+    real = handle.maps[STATE]
+    assert TTL_STATE not in handle.maps and handle.ttls[STATE] is None
     s.enter("a", 0)
     for i in range(100):
         assert not seen.containsKey((f"e{i}",))
         seen.updateValue((f"e{i}",), (i,))
-    assert seen.getValue(("e7",)) == (7,)
+        recent.appendValue((float(i),))
+        last.update((float(i),))
+        s.registerTimer(1_000 + i)
+    assert seen.getValue(("e7",)) == (7,) and last.get() == (99.0,)
     assert (real.reads, real.writes) == (1, 0)
-    s.enter("b", 0)                       # the scope moves on: a's map is stored
-    assert real.writes == 1 and len(real.data[("a",)][0]) == 100
+    s.enter("b", 0)                       # the scope moves on: a's entry is stored once
+    assert real.writes == 1
+    stored = real.data[("a",)]
+    assert len(stored[0][0]) == 100 and len(stored[1][0]) == 100 and stored[2] == (99.0,)
+    assert stored[3] == [1_000 + i for i in range(100)]
     seen.updateValue(("x",), (1,))
     s.flush_all()
-    assert real.data[("b",)][0] == [("x",)]
+    assert real.data[("b",)] == (([("x",)], [(1,)], [None]), None, None, None)
     s.enter("a", 0)
     seen.removeKey(("e3",))
-    assert len(list(seen.keys())) == 99
+    assert len(list(seen.keys())) == 99 and next(recent.get()) == (0.0,)
     s.flush()
-    assert len(real.data[("a",)][0]) == 99
+    assert len(real.data[("a",)][0][0]) == 99 and real.reads == 3
+    s.enter("b", 0)
+    seen.clear()
+    s.flush()
+    assert ("b",) not in real.data, "an entry with nothing left is removed"
+
+
+def test_variables_with_a_ttl_share_an_entry_whose_spark_ttl_is_the_longest():
+    s, handle = scope()
+    seen = s.getMapState("seen", struct(id=StringType), struct(at=LongType),
+                         ttlDurationMs=1_000)
+    last = s.getValueState("last", struct(v=DoubleType), ttlDurationMs=5_000)
+    kept = s.getListState("kept", struct(v=DoubleType))
+    s.seal()
+    assert handle.ttls == {"t:due": None, STATE: None, TTL_STATE: 5_000}
+    s.enter("a", 10_000)
+    seen.updateValue(("e",), (1,))
+    last.update((2.0,))
+    kept.appendValue((3.0,))
+    s.flush()
+    assert handle.maps[TTL_STATE].writes == 1 and handle.maps[STATE].writes == 1
+    s.enter("a", 11_000)                  # the map's entry expired, the value not yet
+    assert not seen.exists() and last.get() == (2.0,) and next(kept.get()) == (3.0,)
+    s.enter("a", 15_000)
+    assert not last.exists() and last.get() is None
+    assert handle.maps[TTL_STATE].reads == 3
+
+
+def test_a_variable_declared_after_init_is_refused():
+    s, _ = scope()
+    s.getValueState("v", struct(x=LongType))
+    s.seal()
+    for late in (lambda: s.getValueState("w", struct(x=LongType)), lambda: s.deleteIfExists("v")):
+        try:
+            late()
+        except ContractError as error:
+            assert "init" in str(error)
+        else:
+            raise AssertionError("a declaration after init was taken")
 
 
 def test_aligned_timers_write_the_keys_due_once_per_call():
@@ -89,7 +143,7 @@ def test_aligned_timers_write_the_keys_due_once_per_call():
     assert handle.registered == 1 and due.writes == 0 and due.reads == 1
     s.flush_all()
     assert due.writes == 1 and len(due.data[(60_000,)][0]) == 1000
-    assert len(handle.maps["t:keys"].data) == 1000
+    assert len(handle.maps[STATE].data) == 1000
     for i in range(999):
         s.enter(f"k{i}", 0)
         s.deleteTimer(60_000)
@@ -98,12 +152,13 @@ def test_aligned_timers_write_the_keys_due_once_per_call():
     s.deleteTimer(60_000)
     assert handle.timers == set()
     s.flush_all()
-    assert (60_000,) not in due.data and not handle.maps["t:keys"].data
+    assert (60_000,) not in due.data and not handle.maps[STATE].data
 
 
 def test_keys_due_are_taken_once_and_export_sees_staged_writes():
     s, handle = scope()
     recent = s.getListState("recent", StructType([StructField("v", DoubleType())]))
+    s.seal()
     for key in ("a", "b"):
         s.enter(key, 0)
         recent.appendValue((1.0,))
@@ -117,5 +172,5 @@ def test_keys_due_are_taken_once_and_export_sees_staged_writes():
     moved = s.export_key()
     assert moved["values"]["recent"][0] == [(1.0,), (2.0,)] and moved["timers"] == []
     s.flush_all()
-    assert ("a",) not in handle.maps["u:recent"].data
+    assert ("a",) not in handle.maps[STATE].data
     assert sorted(s.held_keys()) == ["b"]

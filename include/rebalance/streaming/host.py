@@ -115,6 +115,7 @@ class InstanceHost(StatefulProcessor):
                               shared_timer=self._window_timer)
         self.windows = handle.getMapState("h:windows", "window_start BIGINT", _WINDOW_VALUE)
         self.processor.init(self.scope)
+        self.scope.seal()             # the processor's variables declared: their MapStates
 
     def close(self) -> None:
         self.processor.close()

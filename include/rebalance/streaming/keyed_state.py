@@ -1,24 +1,33 @@
 """Per-key state and timers for a user's StatefulProcessor run under the rebalancer.
 
-Spark's handle is one per instance (the operator groups by instance), so each user state
-variable is one MapState of that handle keyed by the user's key (``u:<name>``), and timers
-are kept per key (``t:keys``, ``t:due``) over one real timer per timestamp.
+Spark's handle is one per instance (the operator groups by instance), so a key's state is
+an entry of a MapState of that handle keyed by the user's key: ``u:state`` holds, per key,
+one field per state variable declared without TTL and the key's timers; ``u:ttl`` one
+field per variable declared with a TTL (Spark's TTL on that entry is the longest declared).
+A key's entry is read once per call and written back once, however many variables it has.
+Timers are one real timer per timestamp, with the keys due at it in ``t:due``.
 :class:`KeyScope` is the handle the user's processor sees: the methods of
 ``StatefulProcessorHandle``, acting on the key it is set to (:meth:`KeyScope.enter`). The
-layout of each state kind, TTL and timers: ``docs/processors.md``, "Inside: routing, the
-host, the state layout, the merge".
+layout, TTL and timers: ``docs/processors.md``, "Inside: routing, the host, the state
+layout, the merge".
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, LongType, StructField, StructType
 
-#: Prefix of the instance handle's state variables that hold user variables.
-USER_PREFIX = "u:"
-TIMER_KEYS, TIMER_DUE = "t:keys", "t:due"
+#: The instance handle's MapStates of user keys: variables without TTL and the key's
+#: timers; variables with a TTL.
+STATE, TTL_STATE = "u:state", "u:ttl"
+TIMER_DUE = "t:due"
+#: The field of :data:`STATE` that holds the key's timer timestamps (a variable's field is
+#: ``v_`` and its name, letters, digits and ``_`` only: Spark keeps state schemas in Avro).
+TIMERS_FIELD = "timers"
 #: The staged write of the key in scope's timer list (user variables stage by their id).
 _TIMERS = -1
 
@@ -61,57 +70,74 @@ def _expired(expires: Any, now_ms: int) -> bool:
     return expires is not None and int(expires) <= now_ms
 
 
-class KeyValueState:
-    """A ValueState of the current key (``ValueState``'s methods)."""
+@dataclass
+class _Variable:
+    """A declared state variable: its kind, its field's type in its entry, its TTL, and
+    where it lives (the entry's name and the field's position)."""
 
-    def __init__(self, scope: KeyScope, state) -> None:
-        self._scope, self._state = scope, state
+    name: str
+    kind: str
+    layout: DataType
+    ttl_ms: int | None
+    entry: str = STATE
+    position: int = -1
+
+
+class KeyValueState:
+    """A ValueState of the current key; with a TTL the field holds ``(value, expires)``."""
+
+    def __init__(self, scope: KeyScope, variable: _Variable) -> None:
+        self._scope, self._var = scope, variable
+
+    def _read(self) -> tuple | None:
+        held = self._scope.field(self._var)
+        if self._var.ttl_ms is None or held is None:
+            return held
+        return None if _expired(held[1], self._scope.now_ms) else held[0]
 
     def exists(self) -> bool:
-        return self._state.containsKey(self._scope.key)
+        return self._read() is not None
 
     def get(self) -> tuple | None:
-        value = self._state.getValue(self._scope.key)
+        value = self._read()
         self._scope.measure(id(self), value)
         return value
 
     def update(self, newValue: tuple) -> None:
-        self._state.updateValue(self._scope.key, newValue)
+        ttl = self._var.ttl_ms
+        self._scope.set_field(self._var, tuple(newValue) if ttl is None
+                              else (tuple(newValue), self._scope.now_ms + ttl))
         self._scope.measure(id(self), newValue)
 
     def clear(self) -> None:
-        self._state.removeKey(self._scope.key)
+        self._scope.set_field(self._var, None)
         self._scope.measure(id(self), None)
 
 
 class KeyListState:
     """A ListState of the current key, each element with its own TTL expiry."""
 
-    def __init__(self, scope: KeyScope, state, ttl_ms: int | None) -> None:
-        self._scope, self._state, self._ttl = scope, state, ttl_ms
+    def __init__(self, scope: KeyScope, variable: _Variable) -> None:
+        self._scope, self._var = scope, variable
 
     def _read(self) -> tuple[list, list]:
         cached = self._scope.cached(id(self))
         if cached is not None:
             return cached
-        held = self._state.getValue(self._scope.key)
+        held = self._scope.field(self._var)
         pairs = [] if held is None else [(item, exp) for item, exp in zip(held[0], held[1])
                                          if not _expired(exp, self._scope.now_ms)]
         return self._scope.keep(id(self), ([p[0] for p in pairs], [p[1] for p in pairs]))
 
     def _write(self, items: list, expires: list) -> None:
-        key = self._scope.key
-        self._scope.stage(id(self), (items, expires), lambda: self._store(key, items, expires))
+        var = self._var
+        self._scope.stage(id(self), (items, expires), lambda: self._scope.set_field(
+            var, (items, expires) if items else None))
         self._scope.measure(id(self), items or None)
 
-    def _store(self, key: tuple, items: list, expires: list) -> None:
-        if items:
-            self._state.updateValue(key, (items, expires))
-        else:
-            self._state.removeKey(key)
-
     def _expiry(self) -> int | None:
-        return None if self._ttl is None else self._scope.now_ms + self._ttl
+        ttl = self._var.ttl_ms
+        return None if ttl is None else self._scope.now_ms + ttl
 
     def exists(self) -> bool:
         return bool(self._read()[0])
@@ -140,32 +166,25 @@ class KeyListState:
 class KeyMapState:
     """A MapState of the current key, each entry with its own TTL expiry."""
 
-    def __init__(self, scope: KeyScope, state, ttl_ms: int | None) -> None:
-        self._scope, self._state, self._ttl = scope, state, ttl_ms
+    def __init__(self, scope: KeyScope, variable: _Variable) -> None:
+        self._scope, self._var = scope, variable
 
     def _read(self) -> dict[tuple, tuple[tuple, Any]]:
         cached = self._scope.cached(id(self))
         if cached is not None:
             return cached
-        held = self._state.getValue(self._scope.key)
+        held = self._scope.field(self._var)
         now = self._scope.now_ms
         return self._scope.keep(id(self), {} if held is None else {
             tuple(k): (v, e) for k, v, e in zip(held[0], held[1], held[2])
             if not _expired(e, now)})
 
     def _write(self, entries: dict[tuple, tuple[tuple, Any]]) -> None:
-        key = self._scope.key
-        self._scope.stage(id(self), entries, lambda: self._store(key, entries))
+        var = self._var
+        self._scope.stage(id(self), entries, lambda: self._scope.set_field(var, _map_layout(
+            entries)))
         self._scope.measure(id(self), (lambda: [list(entries), [v for v, _ in entries.values()]])
                             if entries else None)
-
-    def _store(self, key: tuple, entries: dict[tuple, tuple[tuple, Any]]) -> None:
-        if entries:
-            keys = list(entries)
-            self._state.updateValue(key, (keys, [entries[k][0] for k in keys],
-                                          [entries[k][1] for k in keys]))
-        else:
-            self._state.removeKey(key)
 
     def exists(self) -> bool:
         return bool(self._read())
@@ -179,7 +198,8 @@ class KeyMapState:
 
     def updateValue(self, key: tuple, value: tuple) -> None:
         entries = self._read()
-        entries[tuple(key)] = (value, None if self._ttl is None else self._scope.now_ms + self._ttl)
+        ttl = self._var.ttl_ms
+        entries[tuple(key)] = (value, None if ttl is None else self._scope.now_ms + ttl)
         self._write(entries)
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
@@ -200,6 +220,21 @@ class KeyMapState:
         self._write({})
 
 
+def _map_layout(entries: dict[tuple, tuple[tuple, Any]]) -> tuple | None:
+    if not entries:
+        return None
+    keys = list(entries)
+    return keys, [entries[k][0] for k in keys], [entries[k][1] for k in keys]
+
+
+def _field_name(var: _Variable, taken: list[str], timers: bool) -> str:
+    """A field name Avro takes (Spark writes state schemas as Avro) for ``var``."""
+    name = var.name if timers else "v_" + re.sub(r"[^A-Za-z0-9_]", "_", var.name)
+    while name in taken:
+        name += "_"
+    return name
+
+
 def _with_expiry(items: DataType) -> StructType:
     return StructType([StructField("items", ArrayType(items)),
                        StructField("expires", ArrayType(LongType()))])
@@ -210,6 +245,9 @@ class KeyScope:
 
     ``handle`` is the instance's real ``StatefulProcessorHandle``; ``key_type`` the Spark
     type of the key column; ``time_mode`` the user's (``None`` refuses timers, as Spark).
+    The processor declares its variables in ``init``; :meth:`seal` then creates the
+    handle's MapStates that hold them (the host calls it right after the processor's
+    ``init``, while Spark still takes declarations).
     """
 
     def __init__(self, handle, key_type: DataType, time_mode: str,
@@ -222,15 +260,20 @@ class KeyScope:
         self.key_schema = StructType([StructField("k", key_type)])
         self.key: tuple = ()
         self.now_ms = 0
-        #: user variable name -> (kind, the instance's MapState) in declaration order
-        self.variables: dict[str, tuple[str, Any]] = {}
+        #: user variable name -> its declaration, in declaration order
+        self.variables: dict[str, _Variable] = {}
+        #: entry name -> the handle's MapState (after :meth:`seal`), and its number of fields
+        self._entries: dict[str, Any] = {}
+        self._widths: dict[str, int] = {}
+        self._timers_var = _Variable(TIMERS_FIELD, "timers", ArrayType(LongType()), None)
+        #: entry name -> the key in scope's entry as a list of fields, once read
+        self._rows: dict[str, list | None] = {}
+        self._dirty: set[str] = set()
         self._sizes: dict[int, Any] = {}
         self._cached: dict[int, Any] = {}
         self._staged: dict[int, Callable[[], None]] = {}
         self._due_cache: dict[int, dict[Any, None]] = {}
         self._due_dirty: set[int] = set()
-        self._timers = handle.getMapState(TIMER_KEYS, self.key_schema,
-                                          StructType([StructField("ts", ArrayType(LongType()))]))
         self._due = handle.getMapState(
             TIMER_DUE, StructType([StructField("ts", LongType())]),
             StructType([StructField("keys", ArrayType(key_type))]))
@@ -241,20 +284,59 @@ class KeyScope:
     def _struct(self, schema: StructType | str, what: str) -> StructType:
         return as_struct(schema, what, self._parse)
 
+    def seal(self) -> None:
+        """Create the MapStates of the declared variables: one entry per key in
+        :data:`STATE` (variables without TTL, then the key's timers) and, if any variable
+        has a TTL, one in :data:`TTL_STATE` with Spark's TTL the longest declared (a
+        field's own expiry hides it before that)."""
+        if self._entries:
+            return
+        plain = [v for v in self.variables.values() if v.ttl_ms is None] + [self._timers_var]
+        timed = [v for v in self.variables.values() if v.ttl_ms is not None]
+        for entry, fields in ((STATE, plain), (TTL_STATE, timed)):
+            if not fields:
+                continue
+            for position, var in enumerate(fields):
+                var.entry, var.position = entry, position
+            names: list[str] = []
+            for v in fields:
+                names.append(_field_name(v, names, v is self._timers_var))
+            schema = StructType([StructField(n, v.layout) for n, v in zip(names, fields)])
+            ttl = max(v.ttl_ms for v in timed) if entry == TTL_STATE else None
+            self._entries[entry] = self.handle.getMapState(entry, self.key_schema, schema, ttl)
+            self._widths[entry] = len(fields)
+            self._rows[entry] = None
+
     # -------------------------------------------------------------- the key in scope
 
     def enter(self, key: Any, now_ms: int) -> None:
         """Act on ``key`` (a plain value) from now on; ``now_ms`` is the batch's time.
-        The previous key's staged list and map writes are stored first."""
+        The previous key's staged writes are stored first."""
+        self.seal()
         self.flush()
         self.key, self.now_ms = (key,), now_ms
         self._sizes = {}
         self._cached = {}
+        self._rows = dict.fromkeys(self._entries)
         self._key_timers = None
 
-    # A list or map variable is read once per key in scope and written back once, when
-    # the scope moves on (:meth:`flush`): its entry holds the whole list or map, so a
-    # write per element would rewrite it per element.
+    # A key's entries are read once per key in scope and written back once, when the
+    # scope moves on (:meth:`flush`); a list or map variable is decoded once and encoded
+    # once, not per element.
+
+    def field(self, var: _Variable) -> Any:
+        """The stored value of ``var``'s field for the key in scope (its entry read once)."""
+        row = self._rows[var.entry]
+        if row is None:
+            held = self._entries[var.entry].getValue(self.key)
+            row = self._rows[var.entry] = (list(held) if held is not None
+                                           else [None] * self._widths[var.entry])
+        return row[var.position]
+
+    def set_field(self, var: _Variable, value: Any) -> None:
+        self.field(var)
+        self._rows[var.entry][var.position] = value
+        self._dirty.add(var.entry)
 
     def cached(self, variable: int) -> Any:
         return self._cached.get(variable)
@@ -268,11 +350,19 @@ class KeyScope:
         self._staged[variable] = store
 
     def flush(self) -> None:
-        """Store the staged writes of the key in scope (:meth:`enter` calls it before the
-        scope moves on to another key, :meth:`flush_all` at the end of Spark's call)."""
+        """Store the key in scope's staged writes, one write per entry changed (:meth:`enter`
+        calls it before the scope moves on to another key, :meth:`flush_all` at the end
+        of Spark's call)."""
         staged, self._staged = self._staged, {}
         for store in staged.values():
             store()
+        dirty, self._dirty = self._dirty, set()
+        for entry in dirty:
+            row = self._rows[entry]
+            if any(v is not None for v in row):
+                self._entries[entry].updateValue(self.key, tuple(row))
+            else:
+                self._entries[entry].removeKey(self.key)
 
     def measure(self, variable: int, value: Any) -> None:
         """Note what a variable of the key in scope holds (its bytes are counted by
@@ -286,31 +376,32 @@ class KeyScope:
 
     # -------------------------------------------------------------- state variables
 
-    def _declare(self, name: str, kind: str, value_schema: StructType, ttl: int | None):
+    def _declare(self, name: str, kind: str, layout: DataType, ttl: int | None) -> _Variable:
         if not isinstance(name, str) or not name:
             raise ContractError(f"a state variable needs a non-empty name, got {name!r}")
-        if name in self.variables and self.variables[name][0] != kind:
+        if self._entries:
+            raise ContractError(f"state variable {name!r} is declared after init; declare "
+                                "state variables in init, as Spark requires")
+        if name in self.variables and self.variables[name].kind != kind:
             raise ContractError(f"state variable {name!r} is declared twice with different kinds")
-        if ttl is not None and (not isinstance(ttl, int) or ttl <= 0):
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0):
             raise ContractError(f"state variable {name!r}: ttlDurationMs must be a positive "
                                 f"integer, got {ttl!r}")
-        # Spark's TTL on the entry: exact for a value; for a list or a map the entry
-        # outlives each element's own expiry, so it is evicted once all have expired
-        real = self.handle.getMapState(USER_PREFIX + name, self.key_schema, value_schema, ttl)
-        self.variables[name] = (kind, real)
-        return real
+        var = self.variables[name] = _Variable(name, kind, layout, ttl)
+        return var
 
     def getValueState(self, stateName: str, schema: StructType | str,
                       ttlDurationMs: int | None = None) -> KeyValueState:
-        real = self._declare(stateName, "value", self._struct(schema, f"schema of {stateName!r}"),
-                             ttlDurationMs)
-        return KeyValueState(self, real)
+        value = self._struct(schema, f"schema of {stateName!r}")
+        layout = value if ttlDurationMs is None else StructType([
+            StructField("value", value), StructField("expires", LongType())])
+        return KeyValueState(self, self._declare(stateName, "value", layout, ttlDurationMs))
 
     def getListState(self, stateName: str, schema: StructType | str,
                      ttlDurationMs: int | None = None) -> KeyListState:
         items = self._struct(schema, f"schema of {stateName!r}")
-        real = self._declare(stateName, "list", _with_expiry(items), ttlDurationMs)
-        return KeyListState(self, real, ttlDurationMs)
+        return KeyListState(self, self._declare(stateName, "list", _with_expiry(items),
+                                                ttlDurationMs))
 
     def getMapState(self, stateName: str, userKeySchema: StructType | str,
                     valueSchema: StructType | str,
@@ -320,12 +411,15 @@ class KeyScope:
         layout = StructType([StructField("keys", ArrayType(keys)),
                              StructField("values", ArrayType(values)),
                              StructField("expires", ArrayType(LongType()))])
-        real = self._declare(stateName, "map", layout, ttlDurationMs)
-        return KeyMapState(self, real, ttlDurationMs)
+        return KeyMapState(self, self._declare(stateName, "map", layout, ttlDurationMs))
 
     def deleteIfExists(self, stateName: str) -> None:
+        """Forget a variable: it has no field in the entries (:meth:`seal`), so no key's
+        entry keeps its values once written back."""
+        if self._entries:
+            raise ContractError(f"deleteIfExists({stateName!r}) is called after init; call it "
+                                "in init, as Spark requires")
         self.variables.pop(stateName, None)
-        self.handle.deleteIfExists(USER_PREFIX + stateName)
 
     # -------------------------------------------------------------- timers
 
@@ -340,15 +434,14 @@ class KeyScope:
 
     def _own_timers(self) -> list[int]:
         if self._key_timers is None:
-            held = self._timers.getValue(self.key)
-            self._key_timers = [int(t) for t in held[0]] if held is not None else []
+            held = self.field(self._timers_var)
+            self._key_timers = [int(t) for t in held] if held is not None else []
         return self._key_timers
 
     def _save_timers(self) -> None:
-        key, timers = self.key, self._key_timers
-        self._staged[_TIMERS] = lambda: (
-            self._timers.updateValue(key, (sorted(timers),)) if timers
-            else self._timers.removeKey(key))
+        timers = self._key_timers
+        self._staged[_TIMERS] = lambda: self.set_field(self._timers_var,
+                                                       sorted(timers) if timers else None)
 
     def _due_at(self, ts: int) -> dict[Any, None]:
         """The keys due at ``ts`` (read once per Spark call; :meth:`flush_all` stores them):
@@ -428,27 +521,25 @@ class KeyScope:
         """Every key with a state variable or a timer on this instance (a scan: for moves)."""
         self.flush()
         seen: dict[Any, None] = {}
-        for _, real in self.variables.values():
+        for real in self._entries.values():
             seen.update((k[0], None) for k in real.keys())
-        seen.update((k[0], None) for k in self._timers.keys())
         return list(seen)
 
     def export_key(self) -> dict[str, Any]:
-        """The current key's whole state (every variable's stored value and its timers),
+        """The current key's whole state (every variable's stored field and its timers),
         removed from this instance."""
         self.flush()
-        self._cached = {}
-        values = {}
-        for name, (_, real) in self.variables.items():
-            held = real.getValue(self.key)
-            if held is not None:
-                values[name] = _plain(held)
-                real.removeKey(self.key)
+        values = {name: _plain(self.field(var)) for name, var in self.variables.items()
+                  if self.field(var) is not None}
         timers = sorted(self._own_timers())
-        self._key_timers = []
-        self._save_timers()
         for ts in timers:
             self._forget_due(ts)
+        for entry, real in self._entries.items():
+            row = self._rows[entry]
+            if row is None or any(v is not None for v in row):
+                real.removeKey(self.key)
+            self._rows[entry] = [None] * self._widths[entry]
+        self._cached, self._key_timers = {}, []
         return {"values": values, "timers": timers}
 
     def import_key(self, exported: dict[str, Any]) -> None:
@@ -457,7 +548,7 @@ class KeyScope:
             if name not in self.variables:
                 raise ContractError(f"moved state has variable {name!r}, which this processor "
                                     "does not declare")
-            self.variables[name][1].updateValue(self.key, value)
+            self.set_field(self.variables[name], value)
         self._cached = {}
         for ts in exported["timers"]:
             self.registerTimer(int(ts))
@@ -472,4 +563,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {_plain(k): _plain(v) for k, v in value.items()}
     return value
-
