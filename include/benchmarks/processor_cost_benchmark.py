@@ -31,8 +31,10 @@ that even out the other users' loads.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -173,6 +175,7 @@ def run(side: str, a: argparse.Namespace) -> dict[str, float]:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.shuffle.partitions", str(a.instances))
     root = Path(tempfile.mkdtemp(prefix=f"cost-{side}-"))
+    atexit.register(shutil.rmtree, root, True)   # its tables and checkpoint, gone at exit
     stream = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(a.source)
               .withWatermark("click_time", "10 minutes"))
     processor = busy_processor(a.work_us, a.split)
@@ -279,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     from rebalance.core.placement import default_instances, spark_hash_strings
 
     work = Path(tempfile.mkdtemp(prefix="cost-"))
+    atexit.register(shutil.rmtree, work, True)   # the input, gone at exit
     weights = zipf_weights(a.users, 1.0 if a.skew else 0.0)
     names = user_names(weights, a.instances, a.hot_share if a.skew else None)
     if a.split:        # one user with hot_share of the clicks, the rest uniform

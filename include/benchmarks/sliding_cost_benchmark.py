@@ -24,7 +24,9 @@ done); the ratios of ``rebalanced`` to ``agg``, ``plain`` and ``builtin``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -96,12 +98,11 @@ def run(side: str, source: str, instances: int, launched: float) -> dict[str, fl
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.shuffle.partitions", str(instances))
     root = Path(tempfile.mkdtemp(prefix=f"sliding-{side}-"))
+    atexit.register(shutil.rmtree, root, True)   # its tables and checkpoint, gone at exit
     stream = (spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(source)
               .withWatermark("event_time", DELAY))
     processor = SlidingWindows(WINDOW_MS, N_WINDOWS, 120_000)
     if side == "builtin":
-        import shutil
-
         from rebalance.streaming.job import JobConfig, start_job
 
         # its own tables each run, its events table a copy of the raw events
@@ -165,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.one:
         print("RESULT " + json.dumps(run(a.one, a.source, a.instances, a.launched)))
         return 0
-    source = str(Path(tempfile.mkdtemp(prefix="sliding-")) / "events")
+    work = tempfile.mkdtemp(prefix="sliding-")
+    atexit.register(shutil.rmtree, work, True)   # the input, gone at exit
+    source = str(Path(work) / "events")
     write_input(events(a.events, a.batches, a.keys), source)
     figures: dict[str, list[dict]] = {side: [] for side in SIDES}
     for i in range(a.runs):

@@ -4,6 +4,10 @@ nothing staged is lost when the scope moves on, exports a key or ends the call."
 
 from __future__ import annotations
 
+import json
+import pickle
+
+import numpy as np
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
 from rebalance.streaming.keyed_state import STATE, TTL_STATE, ContractError, KeyScope
@@ -58,6 +62,12 @@ def struct(**fields) -> StructType:
     return StructType([StructField(name, kind()) for name, kind in fields.items()])
 
 
+def stored(real: FakeMap, key: str) -> dict:
+    """A key's entry as stored: one pickled value."""
+    (entry,) = real.data[(key,)]
+    return pickle.loads(entry)
+
+
 def scope() -> tuple[KeyScope, FakeHandle]:
     handle = FakeHandle()
     return KeyScope(handle, StringType(), "EventTime"), handle
@@ -83,17 +93,18 @@ def test_a_keys_variables_and_timers_are_read_once_and_written_once_per_key():
     assert (real.reads, real.writes) == (1, 0)
     s.enter("b", 0)                       # the scope moves on: a's entry is stored once
     assert real.writes == 1
-    stored = real.data[("a",)]
-    assert len(stored[0][0]) == 100 and len(stored[1][0]) == 100 and stored[2] == (99.0,)
-    assert stored[3] == [1_000 + i for i in range(100)]
-    seen.updateValue(("x",), (1,))
+    a = stored(real, "a")
+    assert len(a["values"]["seen"]) == 100 and len(a["values"]["recent"][0]) == 100
+    assert a["values"]["last"] == (99.0,) and a["timers"] == [1_000 + i for i in range(100)]
+    seen.updateValue(("x",), (np.int64(1),))
     s.flush_all()
-    assert real.data[("b",)] == (([("x",)], [(1,)], [None]), None, None, None)
+    assert stored(real, "b") == {"values": {"seen": {("x",): ((1,), None)}}}
+    assert type(stored(real, "b")["values"]["seen"][("x",)][0][0]) is int, "numpy as Python"
     s.enter("a", 0)
     seen.removeKey(("e3",))
     assert len(list(seen.keys())) == 99 and next(recent.get()) == (0.0,)
     s.flush()
-    assert len(real.data[("a",)][0][0]) == 99 and real.reads == 3
+    assert len(stored(real, "a")["values"]["seen"]) == 99 and real.reads == 3
     s.enter("b", 0)
     seen.clear()
     s.flush()
@@ -119,6 +130,39 @@ def test_variables_with_a_ttl_share_an_entry_whose_spark_ttl_is_the_longest():
     s.enter("a", 15_000)
     assert not last.exists() and last.get() is None
     assert handle.maps[TTL_STATE].reads == 3
+
+
+def test_a_row_of_another_width_is_refused_as_spark_refuses_it():
+    s, _ = scope()
+    last = s.getValueState("last", struct(v=DoubleType, n=LongType))
+    seen = s.getMapState("seen", struct(id=StringType), struct(at=LongType))
+    s.enter("a", 0)
+    for wrong in (lambda: last.update((1.0,)), lambda: seen.updateValue(("x", "y"), (1,)),
+                  lambda: seen.updateValue(("x",), 5)):
+        try:
+            wrong()
+        except ContractError as error:
+            assert "field(s)" in str(error)
+        else:
+            raise AssertionError("a row of another width was stored")
+
+
+def test_a_deleted_variable_is_dropped_from_each_entry_when_read():
+    s, handle = scope()
+    old = s.getValueState("old", struct(v=LongType))
+    kept = s.getValueState("kept", struct(v=LongType))
+    s.enter("a", 0)
+    old.update((1,))
+    kept.update((2,))
+    s.flush_all()
+    again = KeyScope(handle, StringType(), "EventTime")      # the next run of the query
+    again.deleteIfExists("old")
+    kept = again.getValueState("kept", struct(v=LongType))
+    again.enter("a", 0)
+    assert kept.get() == (2,)
+    kept.update((3,))
+    again.flush_all()
+    assert stored(handle.maps[STATE], "a") == {"values": {"kept": (3,)}}
 
 
 def test_a_variable_declared_after_init_is_refused():
@@ -171,6 +215,38 @@ def test_keys_due_are_taken_once_and_export_sees_staged_writes():
     recent.appendValue((2.0,))            # staged, not stored yet
     moved = s.export_key()
     assert moved["values"]["recent"][0] == [(1.0,), (2.0,)] and moved["timers"] == []
+    assert pickle.loads(pickle.dumps(moved)) == moved
     s.flush_all()
     assert ("a",) not in handle.maps[STATE].data
     assert sorted(s.held_keys()) == ["b"]
+
+
+def _operator_metadata(checkpoint, names: list[str]) -> None:
+    """Spark's operator metadata of a transformWithState operator, as Spark writes it."""
+    folder = checkpoint / "state" / "0" / "_metadata" / "v2"
+    folder.mkdir(parents=True)
+    properties = {"timeMode": "EventTime", "outputMode": "Append", "stateVariables": [
+        {"stateName": n, "stateVariableType": "MapState", "ttlEnabled": False} for n in names]}
+    (folder / "0").write_text("v2\n" + json.dumps({
+        "operatorInfo": {"operatorId": 0, "operatorName": "transformWithStateInPandasExec"},
+        "stateStoreInfo": [], "operatorPropertiesJson": json.dumps(properties)}))
+
+
+def test_a_checkpoint_of_the_per_variable_layout_is_refused_at_start(tmp_path):
+    from types import SimpleNamespace
+
+    from rebalance.streaming.rebalanced import RebalancedQuery
+    from rebalance.streaming.restart.checkpoint import state_variables
+
+    assert state_variables(str(tmp_path)) == set()
+    _operator_metadata(tmp_path, ["u:windows", "u:seen", "t:keys", "t:due", "h:windows"])
+    assert state_variables(str(tmp_path)) == {"u:windows", "u:seen", "t:keys", "t:due",
+                                              "h:windows"}
+    stream = SimpleNamespace(df=SimpleNamespace(sparkSession=None), instances=2, job="clicks")
+    query = RebalancedQuery(stream, "/out", str(tmp_path), None)
+    try:
+        query.start()
+    except ContractError as error:
+        assert "u:seen, u:windows" in str(error) and "new checkpoint" in str(error)
+    else:
+        raise AssertionError("a checkpoint of the earlier layout was resumed")

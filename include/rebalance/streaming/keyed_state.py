@@ -2,9 +2,9 @@
 
 Spark's handle is one per instance (the operator groups by instance), so a key's state is
 an entry of a MapState of that handle keyed by the user's key: ``u:state`` holds, per key,
-one field per state variable declared without TTL and the key's timers; ``u:ttl`` one
-field per variable declared with a TTL (Spark's TTL on that entry is the longest declared).
-A key's entry is read once per call and written back once, however many variables it has.
+the variables declared without TTL and the key's timers; ``u:ttl`` the variables declared
+with a TTL (Spark's TTL on that entry is the longest declared). An entry is one pickled
+value, read once per call and written back once, however many variables it has.
 Timers are one real timer per timestamp, with the keys due at it in ``t:due``.
 :class:`KeyScope` is the handle the user's processor sees: the methods of
 ``StatefulProcessorHandle``, acting on the key it is set to (:meth:`KeyScope.enter`). The
@@ -14,20 +14,23 @@ layout, the merge".
 
 from __future__ import annotations
 
-import re
+import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.types import ArrayType, DataType, LongType, StructField, StructType
+import numpy as np
+import pandas as pd
+from pyspark.sql.types import ArrayType, BinaryType, DataType, LongType, StructField, StructType
 
 #: The instance handle's MapStates of user keys: variables without TTL and the key's
 #: timers; variables with a TTL.
 STATE, TTL_STATE = "u:state", "u:ttl"
+#: Prefix of the MapStates of user keys (an earlier layout had one per variable, u:<name>).
+USER_PREFIX = "u:"
 TIMER_DUE = "t:due"
-#: The field of :data:`STATE` that holds the key's timer timestamps (a variable's field is
-#: ``v_`` and its name, letters, digits and ``_`` only: Spark keeps state schemas in Avro).
-TIMERS_FIELD = "timers"
+#: The value of both: a key's entry, pickled (:meth:`KeyScope.flush`).
+ENTRY_SCHEMA = StructType([StructField("entry", BinaryType())])
 #: The staged write of the key in scope's timer list (user variables stage by their id).
 _TIMERS = -1
 
@@ -72,19 +75,42 @@ def _expired(expires: Any, now_ms: int) -> bool:
 
 @dataclass
 class _Variable:
-    """A declared state variable: its kind, its field's type in its entry, its TTL, and
-    where it lives (the entry's name and the field's position)."""
+    """A declared state variable: its kind, the number of fields of its rows (and of its
+    map keys), its TTL, and the entry that holds it (:data:`STATE` or :data:`TTL_STATE`)."""
 
     name: str
     kind: str
-    layout: DataType
+    width: int
     ttl_ms: int | None
+    key_width: int = 0
     entry: str = STATE
-    position: int = -1
+
+
+def _plain_field(value: Any) -> Any:
+    """A field as Spark's state client would store it: numpy scalars as Python values,
+    pandas timestamps as datetimes, rows and lists field by field."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):                # a Row too: stored as a plain tuple
+        return tuple(_plain_field(v) for v in value)
+    if isinstance(value, list):
+        return [_plain_field(v) for v in value]
+    if isinstance(value, pd.Timestamp):
+        return value.to_pydatetime()
+    return value
+
+
+def _row(var: _Variable, value: Any, width: int, what: str = "rows") -> tuple:
+    """``value`` as a stored row of ``width`` fields, refused (as Spark refuses it) when
+    it has another number of fields."""
+    if not isinstance(value, (tuple, list)) or len(value) != width:
+        raise ContractError(f"state variable {var.name!r} takes {what} of {width} field(s), "
+                            f"got {value!r}")
+    return tuple(_plain_field(v) for v in value)
 
 
 class KeyValueState:
-    """A ValueState of the current key; with a TTL the field holds ``(value, expires)``."""
+    """A ValueState of the current key; with a TTL it is stored as ``(value, expires)``."""
 
     def __init__(self, scope: KeyScope, variable: _Variable) -> None:
         self._scope, self._var = scope, variable
@@ -104,10 +130,10 @@ class KeyValueState:
         return value
 
     def update(self, newValue: tuple) -> None:
-        ttl = self._var.ttl_ms
-        self._scope.set_field(self._var, tuple(newValue) if ttl is None
-                              else (tuple(newValue), self._scope.now_ms + ttl))
-        self._scope.measure(id(self), newValue)
+        value, ttl = _row(self._var, newValue, self._var.width), self._var.ttl_ms
+        self._scope.set_field(self._var, value if ttl is None
+                              else (value, self._scope.now_ms + ttl))
+        self._scope.measure(id(self), value)
 
     def clear(self) -> None:
         self._scope.set_field(self._var, None)
@@ -115,7 +141,8 @@ class KeyValueState:
 
 
 class KeyListState:
-    """A ListState of the current key, each element with its own TTL expiry."""
+    """A ListState of the current key, stored as ``(items, expires)``: each element with
+    its own TTL expiry (None without TTL)."""
 
     def __init__(self, scope: KeyScope, variable: _Variable) -> None:
         self._scope, self._var = scope, variable
@@ -125,15 +152,24 @@ class KeyListState:
         if cached is not None:
             return cached
         held = self._scope.field(self._var)
-        pairs = [] if held is None else [(item, exp) for item, exp in zip(held[0], held[1])
-                                         if not _expired(exp, self._scope.now_ms)]
-        return self._scope.keep(id(self), ([p[0] for p in pairs], [p[1] for p in pairs]))
+        if held is None:
+            pairs: tuple[list, list] = ([], [])
+        elif self._var.ttl_ms is None:
+            pairs = (list(held[0]), list(held[1]))
+        else:
+            now = self._scope.now_ms
+            kept = [i for i, exp in enumerate(held[1]) if not _expired(exp, now)]
+            pairs = ([held[0][i] for i in kept], [held[1][i] for i in kept])
+        return self._scope.keep(id(self), pairs)
 
     def _write(self, items: list, expires: list) -> None:
         var = self._var
         self._scope.stage(id(self), (items, expires), lambda: self._scope.set_field(
             var, (items, expires) if items else None))
         self._scope.measure(id(self), items or None)
+
+    def _rows(self, values: list[tuple]) -> list[tuple]:
+        return [_row(self._var, v, self._var.width) for v in values]
 
     def _expiry(self) -> int | None:
         ttl = self._var.ttl_ms
@@ -145,26 +181,27 @@ class KeyListState:
     def get(self) -> Iterator[tuple]:
         items, _ = self._read()
         self._scope.measure(id(self), items)
-        return iter(items)
+        return iter(list(items))
 
     def put(self, newState: list[tuple]) -> None:
-        expiry = self._expiry()
-        self._write(list(newState), [expiry] * len(newState))
+        items = self._rows(list(newState))
+        self._write(items, [self._expiry()] * len(items))
 
     def appendValue(self, newState: tuple) -> None:
         self.appendList([newState])
 
     def appendList(self, newState: list[tuple]) -> None:
-        items, expires = self._read()
-        expiry = self._expiry()
-        self._write(items + list(newState), expires + [expiry] * len(newState))
+        held, expires = self._read()
+        added = self._rows(list(newState))
+        self._write(held + added, expires + [self._expiry()] * len(added))
 
     def clear(self) -> None:
         self._write([], [])
 
 
 class KeyMapState:
-    """A MapState of the current key, each entry with its own TTL expiry."""
+    """A MapState of the current key, stored as a dict of map key -> ``(value, expires)``:
+    each entry with its own TTL expiry (None without TTL)."""
 
     def __init__(self, scope: KeyScope, variable: _Variable) -> None:
         self._scope, self._var = scope, variable
@@ -174,15 +211,19 @@ class KeyMapState:
         if cached is not None:
             return cached
         held = self._scope.field(self._var)
-        now = self._scope.now_ms
-        return self._scope.keep(id(self), {} if held is None else {
-            tuple(k): (v, e) for k, v, e in zip(held[0], held[1], held[2])
-            if not _expired(e, now)})
+        if held is None:
+            entries: dict[tuple, tuple[tuple, Any]] = {}
+        elif self._var.ttl_ms is None:
+            entries = held                  # no expiry to check: the stored dict itself
+        else:
+            now = self._scope.now_ms
+            entries = {k: ve for k, ve in held.items() if not _expired(ve[1], now)}
+        return self._scope.keep(id(self), entries)
 
     def _write(self, entries: dict[tuple, tuple[tuple, Any]]) -> None:
         var = self._var
-        self._scope.stage(id(self), entries, lambda: self._scope.set_field(var, _map_layout(
-            entries)))
+        self._scope.stage(id(self), entries, lambda: self._scope.set_field(
+            var, entries if entries else None))
         self._scope.measure(id(self), (lambda: [list(entries), [v for v, _ in entries.values()]])
                             if entries else None)
 
@@ -199,7 +240,9 @@ class KeyMapState:
     def updateValue(self, key: tuple, value: tuple) -> None:
         entries = self._read()
         ttl = self._var.ttl_ms
-        entries[tuple(key)] = (value, None if ttl is None else self._scope.now_ms + ttl)
+        entries[_row(self._var, key, self._var.key_width, "keys")] = (
+            _row(self._var, value, self._var.width),
+            None if ttl is None else self._scope.now_ms + ttl)
         self._write(entries)
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
@@ -218,26 +261,6 @@ class KeyMapState:
 
     def clear(self) -> None:
         self._write({})
-
-
-def _map_layout(entries: dict[tuple, tuple[tuple, Any]]) -> tuple | None:
-    if not entries:
-        return None
-    keys = list(entries)
-    return keys, [entries[k][0] for k in keys], [entries[k][1] for k in keys]
-
-
-def _field_name(var: _Variable, taken: list[str], timers: bool) -> str:
-    """A field name Avro takes (Spark writes state schemas as Avro) for ``var``."""
-    name = var.name if timers else "v_" + re.sub(r"[^A-Za-z0-9_]", "_", var.name)
-    while name in taken:
-        name += "_"
-    return name
-
-
-def _with_expiry(items: DataType) -> StructType:
-    return StructType([StructField("items", ArrayType(items)),
-                       StructField("expires", ArrayType(LongType()))])
 
 
 class KeyScope:
@@ -262,12 +285,13 @@ class KeyScope:
         self.now_ms = 0
         #: user variable name -> its declaration, in declaration order
         self.variables: dict[str, _Variable] = {}
-        #: entry name -> the handle's MapState (after :meth:`seal`), and its number of fields
+        #: names given to deleteIfExists: dropped from each key's entry when it is written
+        self._deleted: set[str] = set()
+        #: entry name -> the handle's MapState (after :meth:`seal`)
         self._entries: dict[str, Any] = {}
-        self._widths: dict[str, int] = {}
-        self._timers_var = _Variable(TIMERS_FIELD, "timers", ArrayType(LongType()), None)
-        #: entry name -> the key in scope's entry as a list of fields, once read
-        self._rows: dict[str, list | None] = {}
+        #: entry name -> the key in scope's entry (``{"values": {name: field}, "timers":
+        #: [ts]}``), once read
+        self._rows: dict[str, dict | None] = {}
         self._dirty: set[str] = set()
         self._sizes: dict[int, Any] = {}
         self._cached: dict[int, Any] = {}
@@ -285,27 +309,19 @@ class KeyScope:
         return as_struct(schema, what, self._parse)
 
     def seal(self) -> None:
-        """Create the MapStates of the declared variables: one entry per key in
-        :data:`STATE` (variables without TTL, then the key's timers) and, if any variable
-        has a TTL, one in :data:`TTL_STATE` with Spark's TTL the longest declared (a
-        field's own expiry hides it before that)."""
+        """Create the MapStates that hold the key's entries: :data:`STATE` (variables
+        without TTL and the key's timers) and, if a variable has a TTL, :data:`TTL_STATE`
+        with Spark's TTL the longest declared (a field's own expiry hides it before that)."""
         if self._entries:
             return
-        plain = [v for v in self.variables.values() if v.ttl_ms is None] + [self._timers_var]
         timed = [v for v in self.variables.values() if v.ttl_ms is not None]
-        for entry, fields in ((STATE, plain), (TTL_STATE, timed)):
-            if not fields:
-                continue
-            for position, var in enumerate(fields):
-                var.entry, var.position = entry, position
-            names: list[str] = []
-            for v in fields:
-                names.append(_field_name(v, names, v is self._timers_var))
-            schema = StructType([StructField(n, v.layout) for n, v in zip(names, fields)])
-            ttl = max(v.ttl_ms for v in timed) if entry == TTL_STATE else None
-            self._entries[entry] = self.handle.getMapState(entry, self.key_schema, schema, ttl)
-            self._widths[entry] = len(fields)
-            self._rows[entry] = None
+        for var in timed:
+            var.entry = TTL_STATE
+        self._entries[STATE] = self.handle.getMapState(STATE, self.key_schema, ENTRY_SCHEMA)
+        if timed:
+            self._entries[TTL_STATE] = self.handle.getMapState(
+                TTL_STATE, self.key_schema, ENTRY_SCHEMA, max(v.ttl_ms for v in timed))
+        self._rows = dict.fromkeys(self._entries)
 
     # -------------------------------------------------------------- the key in scope
 
@@ -321,21 +337,29 @@ class KeyScope:
         self._key_timers = None
 
     # A key's entries are read once per key in scope and written back once, when the
-    # scope moves on (:meth:`flush`); a list or map variable is decoded once and encoded
-    # once, not per element.
+    # scope moves on (:meth:`flush`), as one pickled value: Spark's state client converts
+    # a value field by field (half a second for a map of 13 000 ids), pickle does not.
+
+    def _entry(self, entry: str) -> dict:
+        row = self._rows[entry]
+        if row is None:
+            held = self._entries[entry].getValue(self.key)
+            row = self._rows[entry] = (pickle.loads(held[0]) if held is not None
+                                       else {"values": {}})
+            for name in self._deleted & row["values"].keys():
+                del row["values"][name]
+        return row
 
     def field(self, var: _Variable) -> Any:
-        """The stored value of ``var``'s field for the key in scope (its entry read once)."""
-        row = self._rows[var.entry]
-        if row is None:
-            held = self._entries[var.entry].getValue(self.key)
-            row = self._rows[var.entry] = (list(held) if held is not None
-                                           else [None] * self._widths[var.entry])
-        return row[var.position]
+        """The stored value of ``var`` for the key in scope (its entry read once)."""
+        return self._entry(var.entry)["values"].get(var.name)
 
     def set_field(self, var: _Variable, value: Any) -> None:
-        self.field(var)
-        self._rows[var.entry][var.position] = value
+        values = self._entry(var.entry)["values"]
+        if value is None:
+            values.pop(var.name, None)
+        else:
+            values[var.name] = value
         self._dirty.add(var.entry)
 
     def cached(self, variable: int) -> Any:
@@ -359,8 +383,8 @@ class KeyScope:
         dirty, self._dirty = self._dirty, set()
         for entry in dirty:
             row = self._rows[entry]
-            if any(v is not None for v in row):
-                self._entries[entry].updateValue(self.key, tuple(row))
+            if row["values"] or row.get("timers"):
+                self._entries[entry].updateValue(self.key, (pickle.dumps(row, protocol=5),))
             else:
                 self._entries[entry].removeKey(self.key)
 
@@ -376,7 +400,8 @@ class KeyScope:
 
     # -------------------------------------------------------------- state variables
 
-    def _declare(self, name: str, kind: str, layout: DataType, ttl: int | None) -> _Variable:
+    def _declare(self, name: str, kind: str, schema: StructType, ttl: int | None,
+                 keys: StructType | None = None) -> _Variable:
         if not isinstance(name, str) or not name:
             raise ContractError(f"a state variable needs a non-empty name, got {name!r}")
         if self._entries:
@@ -387,39 +412,35 @@ class KeyScope:
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0):
             raise ContractError(f"state variable {name!r}: ttlDurationMs must be a positive "
                                 f"integer, got {ttl!r}")
-        var = self.variables[name] = _Variable(name, kind, layout, ttl)
+        self._deleted.discard(name)
+        var = self.variables[name] = _Variable(name, kind, len(schema.fields), ttl,
+                                               len(keys.fields) if keys is not None else 0)
         return var
 
     def getValueState(self, stateName: str, schema: StructType | str,
                       ttlDurationMs: int | None = None) -> KeyValueState:
         value = self._struct(schema, f"schema of {stateName!r}")
-        layout = value if ttlDurationMs is None else StructType([
-            StructField("value", value), StructField("expires", LongType())])
-        return KeyValueState(self, self._declare(stateName, "value", layout, ttlDurationMs))
+        return KeyValueState(self, self._declare(stateName, "value", value, ttlDurationMs))
 
     def getListState(self, stateName: str, schema: StructType | str,
                      ttlDurationMs: int | None = None) -> KeyListState:
         items = self._struct(schema, f"schema of {stateName!r}")
-        return KeyListState(self, self._declare(stateName, "list", _with_expiry(items),
-                                                ttlDurationMs))
+        return KeyListState(self, self._declare(stateName, "list", items, ttlDurationMs))
 
     def getMapState(self, stateName: str, userKeySchema: StructType | str,
                     valueSchema: StructType | str,
                     ttlDurationMs: int | None = None) -> KeyMapState:
         keys = self._struct(userKeySchema, f"key schema of {stateName!r}")
         values = self._struct(valueSchema, f"value schema of {stateName!r}")
-        layout = StructType([StructField("keys", ArrayType(keys)),
-                             StructField("values", ArrayType(values)),
-                             StructField("expires", ArrayType(LongType()))])
-        return KeyMapState(self, self._declare(stateName, "map", layout, ttlDurationMs))
+        return KeyMapState(self, self._declare(stateName, "map", values, ttlDurationMs, keys))
 
     def deleteIfExists(self, stateName: str) -> None:
-        """Forget a variable: it has no field in the entries (:meth:`seal`), so no key's
-        entry keeps its values once written back."""
+        """Forget a variable: each key's entry drops it when next read."""
         if self._entries:
             raise ContractError(f"deleteIfExists({stateName!r}) is called after init; call it "
                                 "in init, as Spark requires")
         self.variables.pop(stateName, None)
+        self._deleted.add(stateName)
 
     # -------------------------------------------------------------- timers
 
@@ -434,14 +455,20 @@ class KeyScope:
 
     def _own_timers(self) -> list[int]:
         if self._key_timers is None:
-            held = self.field(self._timers_var)
-            self._key_timers = [int(t) for t in held] if held is not None else []
+            self._key_timers = list(self._entry(STATE).get("timers", ()))
         return self._key_timers
 
     def _save_timers(self) -> None:
         timers = self._key_timers
-        self._staged[_TIMERS] = lambda: self.set_field(self._timers_var,
-                                                       sorted(timers) if timers else None)
+
+        def store() -> None:
+            row = self._entry(STATE)
+            if timers:
+                row["timers"] = sorted(timers)
+            else:
+                row.pop("timers", None)
+            self._dirty.add(STATE)
+        self._staged[_TIMERS] = store
 
     def _due_at(self, ts: int) -> dict[Any, None]:
         """The keys due at ``ts`` (read once per Spark call; :meth:`flush_all` stores them):
@@ -526,19 +553,19 @@ class KeyScope:
         return list(seen)
 
     def export_key(self) -> dict[str, Any]:
-        """The current key's whole state (every variable's stored field and its timers),
-        removed from this instance."""
+        """The current key's whole state (every declared variable's stored value and its
+        timers), removed from this instance."""
         self.flush()
-        values = {name: _plain(self.field(var)) for name, var in self.variables.items()
+        values = {name: self.field(var) for name, var in self.variables.items()
                   if self.field(var) is not None}
         timers = sorted(self._own_timers())
         for ts in timers:
             self._forget_due(ts)
         for entry, real in self._entries.items():
-            row = self._rows[entry]
-            if row is None or any(v is not None for v in row):
+            row = self._entry(entry)
+            if row["values"] or row.get("timers"):
                 real.removeKey(self.key)
-            self._rows[entry] = [None] * self._widths[entry]
+            self._rows[entry] = {"values": {}}
         self._cached, self._key_timers = {}, []
         return {"values": values, "timers": timers}
 
@@ -552,14 +579,3 @@ class KeyScope:
         self._cached = {}
         for ts in exported["timers"]:
             self.registerTimer(int(ts))
-
-
-def _plain(value: Any) -> Any:
-    """A state value as plain tuples and lists (Rows pickle with their schema otherwise)."""
-    if isinstance(value, tuple):
-        return tuple(_plain(v) for v in value)
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    return value

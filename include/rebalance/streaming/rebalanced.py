@@ -57,12 +57,13 @@ from rebalance.streaming.host import (
     HostSettings,
     InstanceHost,
 )
-from rebalance.streaming.keyed_state import ContractError, as_struct
+from rebalance.streaming.keyed_state import STATE, TTL_STATE, USER_PREFIX, ContractError, as_struct
 from rebalance.streaming.merge import Merge, merged
 from rebalance.streaming.restart.checkpoint import (
     checkpoint_partitions,
     drop_uncommitted,
     log_ids,
+    state_variables,
 )
 from rebalance.streaming.routing import instance_labels, route_keys
 
@@ -364,6 +365,13 @@ class RebalancedQuery:
     def start(self) -> None:
         """Start (or resume) the query with the version its checkpoint records."""
         spark, stream = self.spark, self.stream
+        earlier = sorted(n for n in state_variables(self.checkpoint)
+                         if n.startswith(USER_PREFIX) and n not in (STATE, TTL_STATE))
+        if earlier:
+            raise ContractError(
+                f"checkpoint {self.checkpoint} keeps state in the layout of an earlier version "
+                f"(a MapState per variable: {', '.join(earlier)}); this version keeps a key's "
+                "variables in one entry and cannot resume it: start from a new checkpoint")
         if not tables.exists(spark, tables.ASSIGNMENTS, stream.tables_root):
             tables.create_assignments(spark, stream.instances, stream.tables_root)
         for table in (tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS):

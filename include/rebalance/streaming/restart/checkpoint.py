@@ -100,6 +100,22 @@ def checkpoint_partitions(checkpoint: str) -> int | None:
     return int(value) if value is not None else None
 
 
+def state_variables(checkpoint: str) -> set[str]:
+    """The state variables of the checkpoint's transformWithState operators, as Spark's
+    newest operator metadata (``state/<op>/_metadata/v2/<batch>``) records them; empty
+    before the first batch."""
+    names: set[str] = set()
+    for folder in (Path(checkpoint) / "state").glob("*/_metadata/v2"):
+        ids = log_ids(folder)
+        if not ids:
+            continue
+        lines = (folder / str(ids[-1])).read_text().splitlines()
+        metadata = json.loads(lines[1]) if len(lines) > 1 else {}
+        properties = json.loads(metadata.get("operatorPropertiesJson") or "{}")
+        names.update(v["stateName"] for v in properties.get("stateVariables", []))
+    return names
+
+
 def version_files(spark: SparkSession, table_path: str, version: int) -> list[str]:
     """File names of the data files a Delta commit added, in the order of its log
     (:func:`rebalance.spark.delta_rs.added_files`; ``spark`` is not used)."""
