@@ -1,6 +1,7 @@
-"""KeyScope over an in-memory handle: a key's variables and timers are one entry, read once
-and written back once per key in scope, the keys due at a timestamp once per call, and
-nothing staged is lost when the scope moves on, exports a key or ends the call."""
+"""KeyScope over an in-memory handle: a key's variables and timers are one entry, kept with
+other keys' in buckets that split as keys come; a bucket is read once and written once per
+call, the keys due at a timestamp once per call, and nothing staged is lost when the
+scope moves on, exports a key or ends the call."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
-from rebalance.streaming.keyed_state import STATE, TTL_STATE, ContractError, KeyScope
+from rebalance.streaming.buckets import KEYS_PER_BUCKET, bucket_of, key_hash
+from rebalance.streaming.keyed_state import META, STATE, TTL_STATE, ContractError, KeyScope
 
 
 class FakeMap:
@@ -39,10 +41,25 @@ class FakeMap:
     def keys(self):
         return iter(list(self.data))
 
+    def iterator(self):
+        return iter(list(self.data.items()))
+
+
+class FakeValue:
+    def __init__(self) -> None:
+        self.value = None
+
+    def get(self):
+        return self.value
+
+    def update(self, value):
+        self.value = tuple(value)
+
 
 class FakeHandle:
     def __init__(self) -> None:
         self.maps: dict[str, FakeMap] = {}
+        self.values: dict[str, FakeValue] = {}
         self.ttls: dict[str, int | None] = {}
         self.timers: set[int] = set()
         self.registered = 0
@@ -50,6 +67,9 @@ class FakeHandle:
     def getMapState(self, name, key_schema, value_schema, ttl=None):
         self.ttls[name] = ttl
         return self.maps.setdefault(name, FakeMap())
+
+    def getValueState(self, name, schema, ttl=None):
+        return self.values.setdefault(name, FakeValue())
 
     def registerTimer(self, ts):
         self.registered += 1
@@ -63,10 +83,16 @@ def struct(**fields) -> StructType:
     return StructType([StructField(name, kind()) for name, kind in fields.items()])
 
 
-def stored(real: FakeMap, key: str) -> dict:
-    """A key's entry as stored: one pickled value."""
-    (entry,) = real.data[(key,)]
-    return pickle.loads(entry)
+def buckets(real: FakeMap) -> dict[int, dict]:
+    """The buckets as stored: bucket -> {user key: entry}, each one pickled value."""
+    return {index: pickle.loads(blob) for (index,), (blob,) in real.data.items()}
+
+
+def stored(real: FakeMap, key: str) -> dict | None:
+    """A key's entry as stored, from whichever bucket holds it."""
+    found = [b[key] for b in buckets(real).values() if key in b]
+    assert len(found) <= 1, f"{key!r} is in {len(found)} buckets"
+    return found[0] if found else None
 
 
 def scope() -> tuple[KeyScope, FakeHandle]:
@@ -74,7 +100,7 @@ def scope() -> tuple[KeyScope, FakeHandle]:
     return KeyScope(handle, StringType(), "EventTime"), handle
 
 
-def test_a_keys_variables_and_timers_are_read_once_and_written_once_per_key():
+def test_a_keys_variables_and_timers_are_read_once_and_written_once_per_call():
     s, handle = scope()
     seen = s.getMapState("seen", StructType([StructField("id", StringType())]),
                          StructType([StructField("at", LongType())]))
@@ -92,24 +118,27 @@ def test_a_keys_variables_and_timers_are_read_once_and_written_once_per_key():
         s.registerTimer(1_000 + i)
     assert seen.getValue(("e7",)) == (7,) and last.get() == (99.0,)
     assert (real.reads, real.writes) == (1, 0)
-    s.enter("b", 0)                       # the scope moves on: a's entry is stored once
-    assert real.writes == 1
+    s.enter("b", 0)                       # one bucket so far: a and b share it
+    seen.updateValue(("x",), (np.int64(1),))
+    assert (real.reads, real.writes) == (1, 0)
+    s.flush_all()                         # the call ends: the bucket is written once
+    assert (real.reads, real.writes) == (1, 1)
     a = stored(real, "a")
     assert len(a["values"]["seen"]) == 100 and len(a["values"]["recent"][0]) == 100
     assert a["values"]["last"] == (99.0,) and a["timers"] == [1_000 + i for i in range(100)]
-    seen.updateValue(("x",), (np.int64(1),))
-    s.flush_all()
     assert stored(real, "b") == {"values": {"seen": {("x",): ((1,), None)}}}
     assert type(stored(real, "b")["values"]["seen"][("x",)][0][0]) is int, "numpy as Python"
-    s.enter("a", 0)
+    assert handle.values[META].value == (0, 0, 2)
+    s.enter("a", 0)                       # the next call reads the bucket again
     seen.removeKey(("e3",))
     assert len(list(seen.keys())) == 99 and next(recent.get()) == (0.0,)
-    s.flush()
-    assert len(stored(real, "a")["values"]["seen"]) == 99 and real.reads == 3
+    s.flush_all()
+    assert len(stored(real, "a")["values"]["seen"]) == 99 and real.reads == 2
     s.enter("b", 0)
     seen.clear()
-    s.flush()
-    assert ("b",) not in real.data, "an entry with nothing left is removed"
+    s.flush_all()
+    assert stored(real, "b") is None, "an entry with nothing left leaves its bucket"
+    assert handle.values[META].value == (0, 0, 1)
 
 
 def test_variables_with_a_ttl_share_an_entry_whose_spark_ttl_is_the_longest():
@@ -120,14 +149,16 @@ def test_variables_with_a_ttl_share_an_entry_whose_spark_ttl_is_the_longest():
     kept = s.getListState("kept", struct(v=DoubleType))
     s.seal()
     assert handle.ttls == {"t:due": None, STATE: None, TTL_STATE: 5_000}
+    assert set(handle.values) == {META}
     s.enter("a", 10_000)
     seen.updateValue(("e",), (1,))
     last.update((2.0,))
     kept.appendValue((3.0,))
-    s.flush()
+    s.flush_all()
     assert handle.maps[TTL_STATE].writes == 1 and handle.maps[STATE].writes == 1
     s.enter("a", 11_000)                  # the map's entry expired, the value not yet
     assert not seen.exists() and last.get() == (2.0,) and next(kept.get()) == (3.0,)
+    s.flush_all()
     s.enter("a", 15_000)
     assert not last.exists() and last.get() is None
     assert handle.maps[TTL_STATE].reads == 3
@@ -160,6 +191,7 @@ def test_a_deleted_variable_is_dropped_from_each_entry_when_read():
     kept.update((3,))
     again.flush_all()
     assert stored(handle.maps[STATE], "a") == {"values": {"kept": (3,)}}
+    assert stored(handle.maps[STATE], "a") == {"values": {"kept": (3,)}}
 
 
 def test_a_variable_declared_after_init_is_refused():
@@ -180,7 +212,8 @@ def test_aligned_timers_write_the_keys_due_once_per_call():
     assert handle.registered == 1 and due.writes == 0 and due.reads == 1
     s.flush_all()
     assert due.writes == 1 and len(due.data[(60_000,)][0]) == 1000
-    assert len(handle.maps[STATE].data) == 1000
+    held = buckets(handle.maps[STATE])
+    assert sum(map(len, held.values())) == 1000 and len(held) == -(-1000 // KEYS_PER_BUCKET)
     for i in range(999):
         s.enter(f"k{i}", 0)
         s.deleteTimer(60_000)
@@ -190,6 +223,7 @@ def test_aligned_timers_write_the_keys_due_once_per_call():
     assert handle.timers == set()
     s.flush_all()
     assert (60_000,) not in due.data and not handle.maps[STATE].data
+    assert handle.values[META].value[2] == 0
 
 
 def test_keys_due_are_taken_once_and_export_sees_staged_writes():
@@ -210,7 +244,7 @@ def test_keys_due_are_taken_once_and_export_sees_staged_writes():
     assert moved["values"]["recent"][0] == [(1.0,), (2.0,)] and moved["timers"] == []
     assert pickle.loads(pickle.dumps(moved)) == moved
     s.flush_all()
-    assert ("a",) not in handle.maps[STATE].data
+    assert stored(handle.maps[STATE], "a") is None
     assert sorted(s.held_keys()) == ["b"]
 
 
@@ -239,3 +273,56 @@ def test_a_checkpoint_of_the_per_variable_layout_is_refused_at_start(tmp_path):
     query = RebalancedQuery(stream, "/out", str(tmp_path), None)
     with pytest.raises(ContractError, match="u:seen, u:windows.*new checkpoint"):
         query.start()
+    per_key = tmp_path / "per-key"             # the layout of one entry per key
+    _operator_metadata(per_key, ["u:state", "u:ttl", "t:due", "h:windows"])
+    with pytest.raises(ContractError, match=r"\(u:state, u:ttl\).*new checkpoint"):
+        RebalancedQuery(stream, "/out", str(per_key), None).start()
+    current = tmp_path / "current"
+    _operator_metadata(current, ["u:buckets", "u:buckets_ttl", "u:meta", "t:due", "h:windows"])
+    assert not {n for n in state_variables(str(current)) if n.startswith("u:")} - {
+        STATE, TTL_STATE, META}
+
+
+def test_buckets_split_as_keys_come_and_every_key_stays_reachable():
+    s, handle = scope()
+    total = s.getValueState("total", struct(v=LongType))
+    s.seal()
+    real = handle.maps[STATE]
+    n = 5_000
+    for start in range(0, n, 500):                # ten calls of 500 new keys each
+        for i in range(start, start + 500):
+            s.enter(f"k{i}", 0)
+            total.update((i,))
+        s.flush_all()
+    level, split, entries = handle.values[META].value
+    held = buckets(real)
+    assert entries == n and len(held) == (1 << level) + split
+    assert n / len(held) <= KEYS_PER_BUCKET < n / (len(held) - 1)
+    for index, bucket in held.items():            # each key where linear hashing puts it
+        assert all(bucket_of(key_hash(k), level, split) == index for k in bucket)
+    reads = real.reads
+    for i in range(0, n, 7):                      # one call: a read per bucket touched
+        s.enter(f"k{i}", 0)
+        assert total.get() == (i,)
+    assert real.reads - reads == len({bucket_of(key_hash(f"k{i}"), level, split)
+                                      for i in range(0, n, 7)})
+    s.flush_all()
+    assert sorted(s.held_keys()) == sorted(f"k{i}" for i in range(n))
+    writes = real.writes
+    for i in range(n):                            # every key leaves: nothing is left
+        s.enter(f"k{i}", 0)
+        total.clear()
+    s.flush_all()
+    assert not real.data and handle.values[META].value == (level, split, 0)
+    assert real.writes - writes == len(held), "one removal per bucket"
+
+
+def test_a_key_hashes_alike_as_pandas_and_as_spark_give_it():
+    import datetime as dt
+
+    import pandas as pd
+
+    when = dt.datetime(2024, 1, 2, 3, 4, 5)
+    assert key_hash(pd.Timestamp(when)) == key_hash(when)
+    assert key_hash(np.int64(7)) == key_hash(7) and key_hash(np.str_("k")) == key_hash("k")
+    assert key_hash("k") == 3_779_104_368        # crc32 of repr: the same in every process

@@ -1,10 +1,13 @@
 """Per-key state and timers for a user's StatefulProcessor run under the rebalancer.
 
-Spark's handle is one per instance (the operator groups by instance), so a key's state is
-an entry of a MapState of that handle keyed by the user's key: ``u:state`` holds, per key,
-the variables declared without TTL and the key's timers; ``u:ttl`` the variables declared
-with a TTL (Spark's TTL on that entry is the longest declared). An entry is one pickled
-value, read once per call and written back once, however many variables it has.
+Spark's handle is one per instance (the operator groups by instance). A key's state is an
+entry, ``{"values": {name: field}, "timers": [ts]}``: in ``u:buckets`` the variables
+declared without TTL and the key's timers, in ``u:buckets_ttl`` the variables declared with
+a TTL (Spark's TTL there is the longest declared). The entries of an instance's keys are
+kept in buckets by a hash of the key, one pickled value per bucket, split one at a time
+(linear hashing, ``u:meta``) so that a bucket holds about :data:`KEYS_PER_BUCKET` keys:
+each read or write of Spark's state is a round trip to the JVM, so a call that touches
+many keys costs a round trip per bucket, not per key.
 Timers are one real timer per timestamp, with the keys due at it in ``t:due``.
 :class:`KeyScope` is the handle the user's processor sees: the methods of
 ``StatefulProcessorHandle``, acting on the key it is set to (:meth:`KeyScope.enter`). The
@@ -14,23 +17,28 @@ layout, the merge".
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pandas as pd
-from pyspark.sql.types import ArrayType, BinaryType, DataType, LongType, StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, LongType, StructField, StructType
 
-#: The instance handle's MapStates of user keys: variables without TTL and the key's
-#: timers; variables with a TTL.
-STATE, TTL_STATE = "u:state", "u:ttl"
-#: Prefix of the MapStates of user keys (an earlier layout had one per variable, u:<name>).
+from rebalance.streaming.buckets import (
+    BUCKET_SCHEMA,
+    ENTRY_SCHEMA,
+    META_SCHEMA,
+    BucketStore,
+    plain_value,
+)
+
+#: The instance handle's MapStates of buckets of user keys' entries: variables without
+#: TTL and the key's timers; variables with a TTL. ``u:meta``: the buckets' split state.
+STATE, TTL_STATE, META = "u:buckets", "u:buckets_ttl", "u:meta"
+#: Prefix of the state variables that hold user keys' state (earlier layouts: a MapState
+#: per variable, u:<name>; a MapState keyed by user key, u:state and u:ttl).
 USER_PREFIX = "u:"
+LAYOUT = frozenset({STATE, TTL_STATE, META})
 TIMER_DUE = "t:due"
-#: The value of both: a key's entry, pickled (:meth:`KeyScope.flush`).
-ENTRY_SCHEMA = StructType([StructField("entry", BinaryType())])
 #: The staged write of the key in scope's timer list (user variables stage by their id).
 _TIMERS = -1
 
@@ -86,27 +94,13 @@ class _Variable:
     entry: str = STATE
 
 
-def _plain_field(value: Any) -> Any:
-    """A field as Spark's state client would store it: numpy scalars as Python values,
-    pandas timestamps as datetimes, rows and lists field by field."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, tuple):                # a Row too: stored as a plain tuple
-        return tuple(_plain_field(v) for v in value)
-    if isinstance(value, list):
-        return [_plain_field(v) for v in value]
-    if isinstance(value, pd.Timestamp):
-        return value.to_pydatetime()
-    return value
-
-
 def _row(var: _Variable, value: Any, width: int, what: str = "rows") -> tuple:
     """``value`` as a stored row of ``width`` fields, refused (as Spark refuses it) when
     it has another number of fields."""
     if not isinstance(value, (tuple, list)) or len(value) != width:
         raise ContractError(f"state variable {var.name!r} takes {what} of {width} field(s), "
                             f"got {value!r}")
-    return tuple(_plain_field(v) for v in value)
+    return tuple(plain_value(v) for v in value)
 
 
 class KeyValueState:
@@ -285,14 +279,15 @@ class KeyScope:
         self.now_ms = 0
         #: user variable name -> its declaration, in declaration order
         self.variables: dict[str, _Variable] = {}
-        #: names given to deleteIfExists: dropped from each key's entry when it is written
+        #: names given to deleteIfExists: dropped from each key's entry when read or written
         self._deleted: set[str] = set()
         #: entry name -> the handle's MapState (after :meth:`seal`)
         self._entries: dict[str, Any] = {}
         #: entry name -> the key in scope's entry (``{"values": {name: field}, "timers":
         #: [ts]}``), once read
-        self._rows: dict[str, dict | None] = {}
-        self._dirty: set[str] = set()
+        self._rows: dict[str, dict] = {}
+        #: the instance's buckets of entries (after :meth:`seal`)
+        self._buckets: BucketStore | None = None
         self._sizes: dict[int, Any] = {}
         self._cached: dict[int, Any] = {}
         self._staged: dict[int, Callable[[], None]] = {}
@@ -317,11 +312,12 @@ class KeyScope:
         timed = [v for v in self.variables.values() if v.ttl_ms is not None]
         for var in timed:
             var.entry = TTL_STATE
-        self._entries[STATE] = self.handle.getMapState(STATE, self.key_schema, ENTRY_SCHEMA)
+        self._entries[STATE] = self.handle.getMapState(STATE, BUCKET_SCHEMA, ENTRY_SCHEMA)
         if timed:
             self._entries[TTL_STATE] = self.handle.getMapState(
-                TTL_STATE, self.key_schema, ENTRY_SCHEMA, max(v.ttl_ms for v in timed))
-        self._rows = dict.fromkeys(self._entries)
+                TTL_STATE, BUCKET_SCHEMA, ENTRY_SCHEMA, max(v.ttl_ms for v in timed))
+        self._buckets = BucketStore(self._entries, self.handle.getValueState(META, META_SCHEMA))
+        self._rows = {}
 
     # -------------------------------------------------------------- the key in scope
 
@@ -333,21 +329,19 @@ class KeyScope:
         self.key, self.now_ms = (key,), now_ms
         self._sizes = {}
         self._cached = {}
-        self._rows = dict.fromkeys(self._entries)
+        self._rows = {}
         self._key_timers = None
 
-    # A key's entries are read once per key in scope and written back once, when the
-    # scope moves on (:meth:`flush`), as one pickled value: Spark's state client converts
-    # a value field by field (half a second for a map of 13 000 ids), pickle does not.
-
     def _entry(self, entry: str) -> dict:
-        row = self._rows[entry]
+        row = self._rows.get(entry)
         if row is None:
-            held = self._entries[entry].getValue(self.key)
-            row = self._rows[entry] = (pickle.loads(held[0]) if held is not None
-                                       else {"values": {}})
-            for name in self._deleted & row["values"].keys():
-                del row["values"][name]
+            row = self._buckets.get(entry, self.key[0])
+            if row is None:
+                row = {"values": {}}
+            else:
+                for name in self._deleted & row["values"].keys():
+                    del row["values"][name]
+            self._rows[entry] = row
         return row
 
     def field(self, var: _Variable) -> Any:
@@ -360,7 +354,11 @@ class KeyScope:
             values.pop(var.name, None)
         else:
             values[var.name] = value
-        self._dirty.add(var.entry)
+        self._changed(var.entry)
+
+    def _changed(self, entry: str) -> None:
+        """The key in scope's ``entry`` changed: its bucket is written at the call's end."""
+        self._buckets.put(entry, self.key[0], self._entry(entry))
 
     def cached(self, variable: int) -> Any:
         return self._cached.get(variable)
@@ -374,19 +372,19 @@ class KeyScope:
         self._staged[variable] = store
 
     def flush(self) -> None:
-        """Store the key in scope's staged writes, one write per entry changed (:meth:`enter`
-        calls it before the scope moves on to another key, :meth:`flush_all` at the end
-        of Spark's call)."""
+        """Apply the key in scope's staged writes to its entries (:meth:`enter` calls it
+        before the scope moves on to another key, :meth:`flush_all` at the end of Spark's
+        call)."""
         staged, self._staged = self._staged, {}
         for store in staged.values():
             store()
-        dirty, self._dirty = self._dirty, set()
-        for entry in dirty:
-            row = self._rows[entry]
-            if row["values"] or row.get("timers"):
-                self._entries[entry].updateValue(self.key, (pickle.dumps(row, protocol=5),))
-            else:
-                self._entries[entry].removeKey(self.key)
+
+    def _store(self) -> None:
+        """Write the call's changed buckets (:class:`BucketStore`) and forget what the call
+        read: the next call reads again."""
+        self.flush()
+        self._buckets.store(self._deleted)
+        self._rows, self._cached, self._key_timers = {}, {}, None
 
     def measure(self, variable: int, value: Any) -> None:
         """Note what a variable of the key in scope holds (its bytes are counted by
@@ -467,7 +465,7 @@ class KeyScope:
                 row["timers"] = sorted(timers)
             else:
                 row.pop("timers", None)
-            self._dirty.add(STATE)
+            self._changed(STATE)
         self._staged[_TIMERS] = store
 
     def _due_at(self, ts: int) -> dict[Any, None]:
@@ -479,9 +477,9 @@ class KeyScope:
         return self._due_cache[ts]
 
     def flush_all(self) -> None:
-        """Store every staged write: the key in scope's, and the keys due per timestamp
-        (the host calls it at the end of each of Spark's calls)."""
-        self.flush()
+        """Store every staged write: the key in scope's, the changed buckets, and the keys
+        due per timestamp (the host calls it at the end of each of Spark's calls)."""
+        self._store()
         for ts in sorted(self._due_dirty):
             keys = self._due_cache[ts]
             if keys:
@@ -545,12 +543,10 @@ class KeyScope:
     # -------------------------------------------------------------- moving a key
 
     def held_keys(self) -> list[Any]:
-        """Every key with a state variable or a timer on this instance (a scan: for moves)."""
-        self.flush()
-        seen: dict[Any, None] = {}
-        for real in self._entries.values():
-            seen.update((k[0], None) for k in real.keys())
-        return list(seen)
+        """Every key with a state variable or a timer on this instance (a scan of its
+        buckets, after the call's changes are stored: for moves)."""
+        self._store()
+        return self._buckets.keys()
 
     def export_key(self) -> dict[str, Any]:
         """The current key's whole state (every declared variable's stored value and its
@@ -561,11 +557,9 @@ class KeyScope:
         timers = sorted(self._own_timers())
         for ts in timers:
             self._forget_due(ts)
-        for entry, real in self._entries.items():
-            row = self._entry(entry)
-            if row["values"] or row.get("timers"):
-                real.removeKey(self.key)
-            self._rows[entry] = {"values": {}}
+        for entry in self._entries:
+            self._rows[entry] = {"values": {}}      # leaves its bucket when written
+            self._changed(entry)
         self._cached, self._key_timers = {}, []
         return {"values": values, "timers": timers}
 

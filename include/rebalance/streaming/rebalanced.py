@@ -57,7 +57,7 @@ from rebalance.streaming.host import (
     HostSettings,
     InstanceHost,
 )
-from rebalance.streaming.keyed_state import STATE, TTL_STATE, USER_PREFIX, ContractError, as_struct
+from rebalance.streaming.keyed_state import LAYOUT, USER_PREFIX, ContractError, as_struct
 from rebalance.streaming.merge import Merge, merged
 from rebalance.streaming.restart.checkpoint import (
     checkpoint_partitions,
@@ -366,12 +366,12 @@ class RebalancedQuery:
         """Start (or resume) the query with the version its checkpoint records."""
         spark, stream = self.spark, self.stream
         earlier = sorted(n for n in state_variables(self.checkpoint)
-                         if n.startswith(USER_PREFIX) and n not in (STATE, TTL_STATE))
+                         if n.startswith(USER_PREFIX) and n not in LAYOUT)
         if earlier:
             raise ContractError(
                 f"checkpoint {self.checkpoint} keeps state in the layout of an earlier version "
-                f"(a MapState per variable: {', '.join(earlier)}); this version keeps a key's "
-                "variables in one entry and cannot resume it: start from a new checkpoint")
+                f"({', '.join(earlier)}); this version keeps keys' entries in buckets and "
+                "cannot resume it: start from a new checkpoint")
         if not tables.exists(spark, tables.ASSIGNMENTS, stream.tables_root):
             tables.create_assignments(spark, stream.instances, stream.tables_root)
         for table in (tables.KEY_HISTOGRAMS, tables.INSTANCE_HISTOGRAMS):
