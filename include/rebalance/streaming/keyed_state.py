@@ -37,6 +37,7 @@ STATE, TTL_STATE, META = "u:buckets", "u:buckets_ttl", "u:meta"
 #: Prefix of the state variables that hold user keys' state (earlier layouts: a MapState
 #: per variable, u:<name>; a MapState keyed by user key, u:state and u:ttl).
 USER_PREFIX = "u:"
+#: The state variables of user keys' state in this layout (a checkpoint with others is refused).
 LAYOUT = frozenset({STATE, TTL_STATE, META})
 TIMER_DUE = "t:due"
 #: The staged write of the key in scope's timer list (user variables stage by their id).
@@ -274,12 +275,11 @@ class KeyScope:
         #: key wants it any more)
         self._shared_timer = shared_timer
         self.time_mode = time_mode.lower()
-        self.key_schema = StructType([StructField("k", key_type)])
         self.key: tuple = ()
         self.now_ms = 0
         #: user variable name -> its declaration, in declaration order
         self.variables: dict[str, _Variable] = {}
-        #: names given to deleteIfExists: dropped from each key's entry when read or written
+        #: names given to deleteIfExists: dropped from the entries of each bucket written
         self._deleted: set[str] = set()
         #: entry name -> the handle's MapState (after :meth:`seal`)
         self._entries: dict[str, Any] = {}
@@ -335,13 +335,8 @@ class KeyScope:
     def _entry(self, entry: str) -> dict:
         row = self._rows.get(entry)
         if row is None:
-            row = self._buckets.get(entry, self.key[0])
-            if row is None:
-                row = {"values": {}}
-            else:
-                for name in self._deleted & row["values"].keys():
-                    del row["values"][name]
-            self._rows[entry] = row
+            row = self._rows[entry] = (self._buckets.get(entry, self.key[0])
+                                       or {"values": {}})
         return row
 
     def field(self, var: _Variable) -> Any:
@@ -433,7 +428,7 @@ class KeyScope:
         return KeyMapState(self, self._declare(stateName, "map", values, ttlDurationMs, keys))
 
     def deleteIfExists(self, stateName: str) -> None:
-        """Forget a variable: each key's entry drops it when next read."""
+        """Forget a variable: each key's entry drops it when its bucket is next written."""
         if self._entries:
             raise ContractError(f"deleteIfExists({stateName!r}) is called after init; call it "
                                 "in init, as Spark requires")
