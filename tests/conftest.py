@@ -117,6 +117,25 @@ def kafka_broker(tmp_path_factory):
         yield broker
 
 
+def _uses_service(item) -> bool:
+    """Does any test of ``item``'s module use the shared service stack?"""
+    return any("service" in other.fixturenames
+               for other in item.session.items if other.path == item.path)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of a run of modules that use the shared service stack (and
+    their module fixtures' teardown), stop it: its session-scoped fixture would otherwise
+    keep it, and its streaming job, running through every module after them."""
+    result = yield
+    helpers = sys.modules.get("service_helpers")
+    if (helpers is not None and "service" in item.fixturenames
+            and (nextitem is None or not _uses_service(nextitem))):
+        helpers.release_shared_stack()
+    return result
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(TEST_AIRFLOW_HOME, ignore_errors=True)
 

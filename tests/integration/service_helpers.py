@@ -570,9 +570,12 @@ class ServiceStack(Service):
             self.set_schedule(SCHEDULE)
 
 
-#: The session's one stack, shared by the modules that import :func:`service` (pytest
-#: makes one fixture per importing module: they share this one and the last user stops it).
-_SHARED: dict = {"users": 0}
+#: The session's one stack, shared by the modules that import :func:`service`. pytest makes
+#: one session-scoped fixture per importing module, torn down only at the session's end:
+#: tests/conftest.py calls :func:`release_shared_stack` after the last test of a run of
+#: consecutive modules that use it, so its streaming job (over a core of CPU) does not run
+#: on through the modules after them.
+_SHARED: dict = {}
 
 
 #: The registry of the session's stack: what ``make up REGISTRY=examples/one_job.toml``
@@ -581,10 +584,18 @@ _SHARED: dict = {"users": 0}
 ONE_JOB = Path(__file__).resolve().parents[2] / "examples" / "one_job.toml"
 
 
+def release_shared_stack() -> None:
+    """Stop the session's stack, if one runs; a module using :func:`service` later starts a
+    new one."""
+    stack = _SHARED.pop("stack", None)
+    if stack is not None:
+        stack.stop()
+
+
 @pytest.fixture(scope="session")
 def service(tmp_path_factory):
-    """The service stack of the session (started once, stopped at the session's end), on
-    :data:`ONE_JOB`."""
+    """The service stack of the session (started once, stopped after the last module
+    that uses it, or at the session's end), on :data:`ONE_JOB`."""
     if "error" in _SHARED:
         raise RuntimeError(f"the service stack did not start: {_SHARED['error']}")
     stack = _SHARED.get("stack")
@@ -598,14 +609,11 @@ def service(tmp_path_factory):
             stack.stop()
             raise
         _SHARED["stack"] = stack
-    _SHARED["users"] += 1
     try:
         yield stack
     finally:
-        _SHARED["users"] -= 1
-        if _SHARED["users"] == 0:
-            _SHARED.pop("stack")
-            stack.stop()
+        if _SHARED.get("stack") is stack:
+            release_shared_stack()
 
 
 @pytest.fixture()
