@@ -117,6 +117,22 @@ def kafka_broker(tmp_path_factory):
         yield broker
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_query_left_running():
+    """After each module: no streaming query of the in-process Spark session may still
+    run (one left would take CPU from every module after it). Stopped, then reported."""
+    yield
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    left = [] if session is None else session.streams.active
+    for query in left:
+        query.stop()
+    assert not left, f"streaming queries left running: {[q.name or q.id for q in left]}"
+
+
 def _uses_service(item) -> bool:
     """Does any test of ``item``'s module use the shared service stack?"""
     return any("service" in other.fixturenames
