@@ -1,7 +1,8 @@
 """Per-device duplicate removal plus a rolling average of the last five readings.
 
 A device may send a reading twice (a retry): the ids it sent in the last hour are kept
-in a MapState with a one-hour TTL, and a repeated id is dropped. The same class runs
+in a MapState with a one-hour TTL, and a repeated id is dropped (and counted, for the
+rebalancer's histograms, by ``count_duplicates``). The same class runs
 under ``readings.groupBy("device_id").transformWithStateInPandas(...)`` (``--plain``)
 and under ``rebalanced(...)``.
 
@@ -15,6 +16,8 @@ import argparse
 
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor
+
+from rebalance import count_duplicates
 
 SEEN_TTL_MS = 60 * 60 * 1000
 LAST = 5
@@ -31,17 +34,22 @@ class DedupAverage(StatefulProcessor):
         self.recent = handle.getListState("recent", "value DOUBLE")
 
     def handleInputRows(self, key, rows, timerValues):
-        readings = pd.concat(list(rows)).sort_values(["reading_time", "reading_id"])
+        readings = pd.concat(list(rows), ignore_index=True).sort_values(["reading_time",
+                                                                         "reading_id"])
         recent = [float(r[0]) for r in self.recent.get()]
         out = []
         now = timerValues.getCurrentProcessingTimeInMs()
-        for reading_id, value in zip(readings["reading_id"], readings["value"]):
+        repeated = []
+        for i, reading_id, value in zip(readings.index, readings["reading_id"],
+                                        readings["value"]):
             if self.seen.containsKey((reading_id,)):
+                repeated.append(i)
                 continue
             self.seen.updateValue((reading_id,), (now,))
             recent = (recent + [float(value)])[-LAST:]
             out.append((key[0], reading_id, float(value), sum(recent) / len(recent)))
         self.recent.put([(v,) for v in recent])
+        count_duplicates(readings.loc[repeated])   # rebalanced(): instance_histograms.duplicates
         if out:
             yield pd.DataFrame(out, columns=["device_id", "reading_id", "value", "rolling_avg"])
 

@@ -95,4 +95,5 @@ def run_both(spark, root: Path, phases, *, make, in_schema, out_schema, key, tim
                 control=spark.read.format("delta").load(
                     str(root / "reb_chk" / "_rebalance" / "control")).toPandas(),
                 hist=tables.read(spark, tables.KEY_HISTOGRAMS, tables_root).toPandas(),
+                instances=tables.read(spark, tables.INSTANCE_HISTOGRAMS, tables_root).toPandas(),
                 inputs=pd.concat([frame for phase in phases for frame in phase]))

@@ -15,6 +15,7 @@ from api_helpers import T0_MS, run_both
 pytestmark = pytest.mark.slow
 
 WINDOW_MS, N_WINDOWS, DELAY_MS = 60_000, 3, 10 * 60_000
+HISTOGRAM_MS = 120_000
 
 
 def _events(n_keys: int = 30, n_phases: int = 2, batches: int = 4, seed: int = 11):
@@ -56,7 +57,7 @@ def sliding(spark, tmp_path_factory):
                     make=partial(SlidingWindows, WINDOW_MS, N_WINDOWS, DELAY_MS),
                     in_schema=SLIDING_INPUT, out_schema=SLIDING_SCHEMA, key="key",
                     time_mode="EventTime", event_time="event_time", watermark="event_time",
-                    job="sliding", window_seconds=120)
+                    job="sliding", window_seconds=HISTOGRAM_MS // 1000)
 
 
 def test_sliding_rows_equal_plain_spark(sliding):
@@ -96,3 +97,27 @@ def test_the_moved_keys_state_moved_once(sliding):
     moved = sorted(payload_of(r)["key"] for r in control[control["kind"] == "in"].itertuples())
     assert moved == sorted(sliding["moves"])
     assert sliding["switched_to"] == sliding["version"]
+
+
+def test_dropped_retries_count_as_their_windows_duplicates_not_as_events(sliding):
+    """``count_duplicates``: per closed histogram window, the instances' events are the
+    window's distinct events, and their duplicates the retries the processor dropped: at
+    least every retry sent in the same micro-batch as its event (never late), at most
+    every retry (one whose event the watermark passed is late: Spark drops it first)."""
+    events, hist = sliding["inputs"], sliding["instances"]
+    ms = events["event_time"].to_numpy().astype("datetime64[ms]").astype(np.int64)
+    frame = np.cumsum(events.index == 0)                 # each written frame's index is 0..79
+    retry = events["event_id"].duplicated().to_numpy()
+    first_frame = pd.Series(frame).groupby(events["event_id"].to_numpy()).transform("first")
+    per = (events.assign(start=ms - ms % HISTOGRAM_MS, retry=retry,
+                         on_time=retry & (frame == first_frame.to_numpy()))
+           .groupby("start").agg(distinct=("event_id", "nunique"), retries=("retry", "sum"),
+                                 on_time=("on_time", "sum")))
+    starts = hist["window_start"].to_numpy().astype("datetime64[ms]").astype(np.int64)
+    got = hist.assign(start=starts).groupby("start")[["events", "duplicates"]].sum()
+    assert hist["duplicates"].notna().all()
+    closed = per.loc[got.index]
+    assert got["events"].tolist() == closed["distinct"].tolist()
+    assert closed["on_time"].sum() > 20 and got["duplicates"].sum() > 50, got.join(closed)
+    assert (got["duplicates"] >= closed["on_time"]).all(), got.join(closed)
+    assert (got["duplicates"] <= closed["retries"]).all(), got.join(closed)

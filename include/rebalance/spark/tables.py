@@ -129,8 +129,9 @@ INSTANCE_HISTOGRAMS = Table(
     "duplicates BIGINT",
     "Per closed window and instance: load (sum of cost), events, distinct keys, the time "
     "the operator spent on the window's events (wall clock and CPU), and the events it "
-    "dropped as duplicates (an event_id its key saw within the watermark; NULL in rows "
-    "written before the column was added).")
+    "dropped as duplicates (an event_id its key saw within the watermark; under "
+    "rebalanced(), the rows a processor passed to count_duplicates; NULL in rows written "
+    "before the column was added).")
 WINDOW_RESULTS = Table(
     "window_results",
     "window_start TIMESTAMP, key STRING, count BIGINT, sum DOUBLE, cost DOUBLE, "

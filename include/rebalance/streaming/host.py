@@ -34,6 +34,7 @@ from pyspark.sql.types import (
 )
 
 from rebalance.core.placement import default_instances
+from rebalance.streaming.duplicates import collecting
 from rebalance.streaming.keyed_state import KeyScope
 from rebalance.streaming.routing import instance_labels
 
@@ -60,7 +61,8 @@ HOST_OUTPUT = StructType([
     StructField("rb_events", LongType()), StructField("rb_cost", DoubleType()),
     StructField("rb_bytes", LongType()), StructField("rb_keys", LongType()),
     StructField("rb_task_ms", DoubleType()), StructField("rb_cpu_ms", DoubleType()),
-    StructField("rb_label", IntegerType()), StructField("rb_payload", BinaryType())])
+    StructField("rb_label", IntegerType()), StructField("rb_payload", BinaryType()),
+    StructField("rb_duplicates", LongType())])
 HOST_OUTPUT_NAMES = HOST_OUTPUT.fieldNames()
 
 _WINDOW_VALUE = StructType([
@@ -114,6 +116,9 @@ class InstanceHost(StatefulProcessor):
         self.scope = KeyScope(handle, self.settings.key_type, self.settings.time_mode,
                               shared_timer=self._window_timer)
         self.windows = handle.getMapState("h:windows", "window_start BIGINT", _WINDOW_VALUE)
+        # apart from h:windows, so that a checkpoint written before it was kept resumes
+        self.duplicates = handle.getMapState("h:duplicates", "window_start BIGINT",
+                                             "rows BIGINT")
         self.processor.init(self.scope)
         self.scope.seal()             # the processor's variables declared: their MapStates
 
@@ -145,15 +150,19 @@ class InstanceHost(StatefulProcessor):
         names = frame["rb_key"].to_numpy()[order]
         codes = codes[order]
         bounds = np.searchsorted(codes, np.arange(len(values) + 1))  # key i: [b[i], b[i+1])
+        duplicate = np.zeros(len(frame), dtype=bool)    # rows the processor counted as such
         for value, lo, hi in zip(values, bounds[:-1], bounds[1:]):
             value = _native(value)
             self.scope.enter(value, batch_ms)
-            outs += [(out, value) for out in self.processor.handleInputRows(
-                (value,), iter([ordered.iloc[lo:hi].reset_index(drop=True)]), timerValues)]
+            with collecting(hi - lo) as dropped:
+                outs += [(out, value) for out in self.processor.handleInputRows(
+                    (value,), iter([ordered.iloc[lo:hi].reset_index(drop=True)]), timerValues)]
+            if dropped:
+                duplicate[order[lo + dropped[0]]] = True
             sizes[names[lo]] = self.scope.state_bytes()
         if outs:
             yield self._user_rows(outs, instance)
-        self._count(frame, sizes, now, time.perf_counter_ns() - started,
+        self._count(frame, duplicate, sizes, now, time.perf_counter_ns() - started,
                     time.thread_time_ns() - cpu_started)
         if exports is not None and len(exports):
             yield from self._give_away(exports.iloc[0], instance, timerValues)
@@ -213,25 +222,34 @@ class InstanceHost(StatefulProcessor):
 
     # ------------------------------------------------------------------ histograms
 
-    def _count(self, frame: pd.DataFrame, sizes: dict[str, int], now: int, task_ns: int,
-               cpu_ns: int) -> None:
-        """Add the batch's events, cost and state bytes per (window, key) to the open windows.
+    def _count(self, frame: pd.DataFrame, duplicate: np.ndarray, sizes: dict[str, int],
+               now: int, task_ns: int, cpu_ns: int) -> None:
+        """Add the batch's events, cost and state bytes per (window, key) to the open
+        windows, and the rows the processor counted as duplicates (``duplicate``) to their
+        windows' ``duplicates`` instead.
 
-        A window's assignment version is the oldest one its events ran under on this
+        A window's assignment version is the oldest one its rows ran under on this
         instance: a window counts as run under version v (what ``verify`` measures) only
         when every event in it was routed by v."""
         if not len(frame):
             return
         s = self.settings
         windows = (frame["rb_window"] if s.time_mode.lower() == "eventtime"
-                   else pd.Series(now - now % s.window_ms, index=frame.index))
-        per = (frame.assign(_w=windows.astype("int64"))
+                   else pd.Series(now - now % s.window_ms, index=frame.index)).astype("int64")
+        dropped: dict[int, tuple[int, int]] = {}     # window -> (rows, oldest version)
+        if duplicate.any():
+            d = (frame[duplicate].assign(_w=windows[duplicate]).groupby("_w")
+                 .agg(n=("rb_version", "size"), version=("rb_version", "min")))
+            dropped = {int(w): (int(r.n), int(r.version))
+                       for w, r in zip(d.index, d.itertuples(index=False))}
+            frame, windows = frame[~duplicate], windows[~duplicate]
+        per = (frame.assign(_w=windows)
                .groupby(["_w", "rb_key"], sort=False)
                .agg(events=("rb_cost", "size"), cost=("rb_cost", "sum"),
                     default=("rb_default", "first"), group=("rb_group", "first"),
                     version=("rb_version", "max")))
-        total = len(frame)
-        added: dict[int, dict[str, list]] = {}
+        total = len(frame) + sum(n for n, _ in dropped.values())
+        added: dict[int, dict[str, list]] = {w: {} for w in dropped}
         for (window, name), r in zip(per.index, per.itertuples(index=False)):
             added.setdefault(int(window), {})[name] = [
                 int(r.events), float(r.cost), sizes.get(name, 0), int(r.default), int(r.group),
@@ -245,14 +263,18 @@ class InstanceHost(StatefulProcessor):
             else:
                 merged = {k: [e, c, b, d, g, 0] for k, e, c, b, d, g in zip(*held[:6])}
                 version, t_ns, c_ns = int(held[6]), int(held[7]), int(held[8])
-            events = 0
+            rows, v = dropped.get(window, (0, None))
+            if rows:
+                before = self.duplicates.getValue((window,))
+                self.duplicates.updateValue((window,), ((before[0] if before else 0) + rows,))
+                version = v if version is None else min(version, v)
             for k, (e, c, b, d, g, v) in keys.items():
                 old = merged.get(k)
                 merged[k] = ([e, c, b, d, g, v] if old is None
                              else [old[0] + e, old[1] + c, max(old[2], b), d, g, v])
-                events += e
+                rows += e
                 version = v if version is None else min(version, v)
-            share = events / total
+            share = rows / total
             names = list(merged)
             self.windows.updateValue((window,), (
                 names, [merged[k][0] for k in names], [merged[k][1] for k in names],
@@ -264,6 +286,9 @@ class InstanceHost(StatefulProcessor):
         """Histogram rows of ``window``, which ended (its timer fired): one per key, one
         for the instance."""
         keys, events, costs, sizes, defaults, groups, version, t_ns, c_ns = held
+        dups = self.duplicates.getValue((window,))
+        if dups is not None:
+            self.duplicates.removeKey((window,))
         partition = _partition_id()
         rows: list[dict[str, Any]] = [
             {"rb_kind": KEY_ROW, "rb_key": k, "rb_window": window, "rb_instance": instance,
@@ -275,7 +300,7 @@ class InstanceHost(StatefulProcessor):
                      "rb_partition": partition, "rb_version": int(version),
                      "rb_events": int(sum(events)), "rb_cost": float(sum(costs)),
                      "rb_keys": len(keys), "rb_task_ms": int(t_ns) / 1e6,
-                     "rb_cpu_ms": int(c_ns) / 1e6})
+                     "rb_cpu_ms": int(c_ns) / 1e6, "rb_duplicates": int(dups[0]) if dups else 0})
         self.windows.removeKey((window,))
         yield self._host_rows(rows, self.settings.output_columns)
 

@@ -353,7 +353,7 @@ class RebalancedSink:
             F.lit(batch_id).cast("bigint").alias("batch_id"), F.col("rb_cost").alias("load"),
             F.col("rb_events").alias("events"), F.col("rb_keys").alias("keys"),
             F.col("rb_task_ms").alias("task_ms"), F.col("rb_cpu_ms").alias("cpu_ms"),
-            F.lit(None).cast("bigint").alias("duplicates")).toArrow()
+            F.col("rb_duplicates").alias("duplicates")).toArrow()
         for kind, table in ((KEY_ROW, tables.KEY_HISTOGRAMS),
                             (INSTANCE_ROW, tables.INSTANCE_HISTOGRAMS)):
             of_kind = rows.filter(pc.equal(rows["rb_kind"], kind))

@@ -4,8 +4,10 @@
 under :func:`~rebalance.streaming.rebalanced.rebalanced`.
 Per key it keeps the count and sum of ``value`` of the tumbling windows a sliding aggregate
 over the last ``n_windows`` may still need, drops a repeated ``event_id`` within
-``dedup_ms`` of the watermark, and emits running rows per micro-batch (``final = false``)
-and one final row per window when the watermark passes its end (:data:`SLIDING_SCHEMA`).
+``dedup_ms`` of the watermark (counted by
+:func:`~rebalance.streaming.duplicates.count_duplicates`), and emits running rows per
+micro-batch (``final = false``) and one final row per window when the watermark passes its
+end (:data:`SLIDING_SCHEMA`).
 Its rows and timers: ``docs/processors.md``, "Inside: routing, the host, the state layout,
 the merge".
 """
@@ -19,6 +21,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor
 
+from rebalance.streaming.duplicates import count_duplicates
 from rebalance.streaming.key_state import dedup_horizon, windows_to_emit
 
 #: Input columns the processor reads (the typed events of the built-in job).
@@ -68,6 +71,7 @@ class SlidingWindows(StatefulProcessor):
         if self.dedup_ms is not None:
             keep = self._first_copies(frame["event_id"].to_numpy(), times,
                                       timerValues.getCurrentWatermarkInMs())
+            count_duplicates(frame[~keep])
         starts = times[keep] - times[keep] % self.window_ms
         values = frame["value"].to_numpy(dtype=float)[keep]
         if not len(starts):
