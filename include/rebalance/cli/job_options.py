@@ -4,6 +4,8 @@ storage, the keyed job's, its source's."""
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 
 from rebalance.spark.session import parse_conf
 
@@ -19,10 +21,19 @@ def add_spark_options(parser: argparse.ArgumentParser) -> None:
 
 
 def spark_from_args(args: argparse.Namespace, app_name: str):
-    """The project session (:func:`rebalance.spark.session.get_spark`) for the parsed options."""
+    """The project session (:func:`rebalance.spark.session.get_spark`) for the parsed options.
+
+    Ctrl-C (SIGINT, also what ``make down`` sends) then raises KeyboardInterrupt and nothing
+    else: PySpark's own handler first cancels every running Spark job, so a streaming
+    query's batch failed inside its ``foreachBatch`` before the app could stop the query
+    between batches (and Spark's check of that failure overflowed the stream thread's
+    stack: docs/streaming.md)."""
     from rebalance.spark.session import get_spark
 
-    return get_spark(app_name, master=args.master, conf=parse_conf(";".join(args.conf)))
+    spark = get_spark(app_name, master=args.master, conf=parse_conf(";".join(args.conf)))
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return spark
 
 
 def add_job_options(parser: argparse.ArgumentParser, *, trigger_seconds: float | None = None,
