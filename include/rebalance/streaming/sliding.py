@@ -71,7 +71,8 @@ class SlidingWindows(StatefulProcessor):
         if self.dedup_ms is not None:
             keep = self._first_copies(frame["event_id"].to_numpy(), times,
                                       timerValues.getCurrentWatermarkInMs())
-            count_duplicates(frame[~keep])
+            if not keep.all():
+                count_duplicates(frame[~keep])
         starts = times[keep] - times[keep] % self.window_ms
         values = frame["value"].to_numpy(dtype=float)[keep]
         if not len(starts):
