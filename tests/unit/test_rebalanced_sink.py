@@ -32,25 +32,25 @@ def test_close_waits_for_the_batch_being_written_and_returns_it():
     writer.start()
     assert sink.writing.wait(10)
     closed: list[int | None] = []
-    closer = threading.Thread(target=lambda: closed.append(sink.close()))
+    closer = threading.Thread(target=lambda: closed.append(sink.gate.close()))
     closer.start()
     closer.join(0.3)
-    assert closer.is_alive() and not sink.closed      # still writing batch 7
+    assert closer.is_alive() and not sink.gate.closed      # still writing batch 7
     sink.release.set()
     writer.join(10)
     closer.join(10)
-    assert closed == [7] and sink.written == [7] and sink.last_written == 7
+    assert closed == [7] and sink.written == [7] and sink.gate.last_written == 7
 
 
 def test_a_batch_after_close_is_refused_before_it_writes():
     sink = _Sink()
     sink.release.set()
     sink(None, 3)
-    assert sink.close() == 3
+    assert sink.gate.close() == 3
     with pytest.raises(SwitchBoundary, match="batch 4 refused: the query is stopping"):
         sink(None, 4)
     assert sink.written == [3]
 
 
 def test_close_before_any_batch_returns_none():
-    assert _Sink().close() is None
+    assert _Sink().gate.close() is None

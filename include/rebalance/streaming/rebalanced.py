@@ -44,6 +44,7 @@ from pyspark.sql.types import (
 from rebalance.spark import delta_rs, tables
 from rebalance.spark.jobs import HANDOFF as HANDS_STATE_OVER
 from rebalance.spark.jobs import record_start
+from rebalance.streaming.boundary import BoundaryGate
 from rebalance.streaming.host import (
     EXPORT,
     EXPORTED,
@@ -277,29 +278,18 @@ class RebalancedSink:
     #: the export batch of the move under way: later batches are refused
     switched_at: int | None = None
     switched: threading.Event = field(default_factory=threading.Event)
-    #: held through each batch's call; once ``closed``, every later batch is refused
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    closed: bool = False
-    last_written: int | None = None
+    #: held through each batch's call; once closed, every later batch is refused
+    gate: BoundaryGate = field(default_factory=BoundaryGate)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        with self.lock:
-            if self.closed:
+        with self.gate.lock:
+            if self.gate.closed:
                 raise SwitchBoundary(f"batch {batch_id} refused: the query is stopping")
             if self.switched_at is not None and batch_id > self.switched_at:
                 raise SwitchBoundary(f"batch {batch_id} follows the move of batch "
                                      f"{self.switched_at}; the query resumes re-routed")
             self._write(batch, batch_id)
-            self.last_written = batch_id
-
-    def close(self) -> int | None:
-        """Refuse every later batch, once the batch being written (if any) is done; return
-        the last batch written. A stop must not interrupt a batch inside this call: its
-        Java call fails, and Spark's test of whether that failure means "stopped" (a regex
-        over the message) overflows the stream thread's stack (docs/testing.md)."""
-        with self.lock:
-            self.closed = True
-            return self.last_written
+            self.gate.last_written = batch_id
 
     def _write(self, batch: DataFrame, batch_id: int) -> None:
         batch.persist()
@@ -496,7 +486,7 @@ class RebalancedQuery:
     def _stop_at_boundary(self, timeout_seconds: float = 120.0) -> None:
         """Stop between two batches: the sink finishes the batch it writes and refuses the
         next; once Spark committed the last batch written, the query stops."""
-        last = self.sink.close()
+        last = self.sink.gate.close()
         deadline = time.monotonic() + timeout_seconds
         while (last is not None and self.query.isActive and time.monotonic() < deadline
                and (last_committed_batch(self.checkpoint) or -1) < last):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rebalance.spark import tables
+from rebalance.streaming.boundary import BoundaryGate
 from rebalance.streaming.job import KeyedOutputWriter
 from rebalance.streaming.processor import EXPORTED, HANDOFF, HANDOFF_IN, RESULT
 from rebalance.streaming.restart.state import handoff_frame
@@ -30,27 +29,6 @@ class StoppedAtBoundary(RuntimeError):
 class HeldForRestart(StoppedAtBoundary):
     """Raised by the sink when a batch was routed by a version the generation must not
     follow (published for a controlled restart, or for another N): nothing was written."""
-
-
-class BoundaryGate:
-    """Lets the sink finish the batch it is writing and refuses the next one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.closed = False
-        self.closed_at: float | None = None
-        self.last_written: int | None = None
-
-    def close(self) -> int | None:
-        """Close (waits for a batch being written); return the last batch fully written."""
-        with self._lock:
-            self.shut()
-            return self.last_written
-
-    def shut(self) -> None:
-        """Refuse every later batch (the caller holds the lock)."""
-        if not self.closed:
-            self.closed, self.closed_at = True, time.time()
 
 
 def blocks(metadata: dict[str, Any], n_instances: int) -> bool:
@@ -131,7 +109,7 @@ class GatedWriter(KeyedOutputWriter):
          .save(self.handoff_path))
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        with self.gate._lock:
+        with self.gate.lock:
             if self.gate.closed:
                 raise StoppedAtBoundary(f"batch {batch_id} refused: the query is stopping")
             super().__call__(batch, batch_id)
