@@ -2,6 +2,7 @@
 
     python include/benchmarks/batch_cost_benchmark.py                  # 2 repeats, about 20 min
     python include/benchmarks/batch_cost_benchmark.py --repeats 3 --batches 30
+    python include/benchmarks/batch_cost_benchmark.py --variants ours --repeats 3
 
 Each run is a fresh process (a fresh JVM: the cache is per JVM). It writes the same
 generator batches to a fresh ``events`` table (1 000 keys, Zipf 1.0, 4 000 events per
@@ -109,6 +110,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="runs of each variant (fresh processes)")
     p.add_argument("--batches", type=int, default=20, help="generator batches = micro-batches")
     p.add_argument("--skip", type=int, default=4, help="first micro-batches not counted")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                   help="the variants to run (default: all)")
     p.add_argument("--json", help="also write every run's figures to this file")
     p.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)    # child: one run
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for repeat in range(args.repeats):
-        names = list(VARIANTS)
+        names = list(args.variants)
         order = names[repeat % len(names):] + names[:repeat % len(names)]
         for variant in order:
             with tempfile.NamedTemporaryFile(suffix=".json") as out:

@@ -329,22 +329,39 @@ def conform(df: DataFrame, table: Table) -> DataFrame:
     return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in table.schema.fields])
 
 
+#: An append of at most this many rows (the caller knows the count) is collected into the
+#: driver and committed through delta-rs: Delta on Spark spends about half a second per
+#: commit on a micro-batch's few rows (docs/benchmarks.md, "One small Delta append").
+DRIVER_APPEND_ROWS = 200_000
+
+
 def append(df: DataFrame, table: Table, root: str | Path | None = None,
            metadata: Mapping[str, Any] | None = None,
-           txn: tuple[str, int] | None = None) -> None:
+           txn: tuple[str, int] | None = None, rows: int | None = None) -> None:
     """Append ``df`` as one commit, with ``metadata`` as the commit's userMetadata JSON.
 
     ``txn = (app_id, version)`` makes the append idempotent: Delta skips it when
     a commit with the same app id and a version >= this one already exists
-    (how micro-batches are written exactly once).
+    (how micro-batches are written exactly once). Both engines record and honour the
+    same transaction ids.
+
+    ``rows``, the number of rows of ``df`` when the caller knows it: up to
+    :data:`DRIVER_APPEND_ROWS`, on a table delta-rs writes (no writer features), the rows
+    are collected as Arrow and committed through delta-rs; otherwise (or unknown) Spark
+    writes them.
     """
+    path = table.path(root)
+    if rows is not None and rows <= DRIVER_APPEND_ROWS and delta_rs.writable(path):
+        delta_rs.append(path, conform(df, table).toArrow(),
+                        metadata=dict(metadata) if metadata else None, txn=txn)
+        return
     writer = conform(df, table).write.format("delta").mode("append")
     if metadata:
         writer = writer.option("userMetadata", json.dumps(dict(metadata), sort_keys=True))
     if txn is not None:
         app_id, version = txn
         writer = writer.option("txnAppId", app_id).option("txnVersion", int(version))
-    writer.save(table.path(root))
+    writer.save(path)
 
 
 def read_pandas(spark: SparkSession | None, table: Table, root: str | Path | None = None,

@@ -394,13 +394,15 @@ class IdempotentSink:
     batch_offset: int = 0
     _query_id: str | None = field(default=None, init=False)
 
-    def append(self, rows: DataFrame, table: tables.Table, batch_id: int) -> None:
+    def append(self, rows: DataFrame, table: tables.Table, batch_id: int,
+               count: int | None = None) -> None:
+        """``count``: at most this many rows (few go through delta-rs, :func:`tables.append`)."""
         meta = {"job": self.config.name, "query": self.query_name,
                 "batch_id": self.batch_offset + batch_id,
                 "n_instances": self.config.n_instances,
                 "window_seconds": self.config.window_seconds}
         tables.append(rows.coalesce(1), table, self.config.tables_root, metadata=meta,
-                      txn=(f"{self.query_id()}:{table.name}", batch_id))
+                      txn=(f"{self.query_id()}:{table.name}", batch_id), rows=count)
 
     def query_id(self) -> str:
         if self._query_id is None:
@@ -418,21 +420,23 @@ class KeyedOutputWriter(IdempotentSink):
         batch.persist()
         try:
             kinds = batch.groupBy("kind").agg(F.max("assignment_version").alias("version"),
-                                              F.min("window_start_ms").alias("first")).collect()
+                                              F.min("window_start_ms").alias("first"),
+                                              F.count(F.lit(1)).alias("rows")).collect()
             versions = {row.kind: row.version for row in kinds}
+            counts = {row.kind: row.rows for row in kinds}
             self.before_write(batch, batch_id, versions)
-            present = set(versions)
             global_id = self.batch_offset + batch_id
-            writes = [(batch.where(F.col("kind") == kind).select(projection(global_id)), table)
-                      for kind, table, projection in OUTPUTS if kind in present]
-            if KEY_HISTOGRAM in present and self.config.window_results:
+            writes = [(batch.where(F.col("kind") == kind).select(projection(global_id)), table,
+                       counts[kind]) for kind, table, projection in OUTPUTS if kind in counts]
+            if KEY_HISTOGRAM in counts and self.config.window_results:
                 first = next(row.first for row in kinds if row.kind == KEY_HISTOGRAM)
+                # at most one row per key-histogram row
                 writes.append((window_results(
                     self.spark, batch.where(F.col("kind") == KEY_HISTOGRAM), self.config,
-                    int(first), global_id), tables.WINDOW_RESULTS))
+                    int(first), global_id), tables.WINDOW_RESULTS, counts[KEY_HISTOGRAM]))
             if writes:
                 with ThreadPoolExecutor(max_workers=len(writes)) as pool:
-                    list(pool.map(lambda w: self.append(w[0], w[1], batch_id), writes))
+                    list(pool.map(lambda w: self.append(*w[:2], batch_id, w[2]), writes))
             self.after_write(batch, batch_id, versions)
         finally:
             batch.unpersist()
@@ -453,8 +457,9 @@ class QuarantineWriter(IdempotentSink):
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch.persist()
         try:
-            if not batch.isEmpty():
-                self.append(batch, tables.QUARANTINE, batch_id)
+            count = batch.count()
+            if count:
+                self.append(batch, tables.QUARANTINE, batch_id, count)
         finally:
             batch.unpersist()
 

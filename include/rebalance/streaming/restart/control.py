@@ -123,7 +123,8 @@ class RestartControl:
         # the other side) is retried: the transaction id makes a retry write it once.
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
-                tables.append(df, tables.RESTARTS, self.root, metadata=meta, txn=txn)
+                tables.append(df, tables.RESTARTS, self.root, metadata=meta, txn=txn,
+                              rows=len(rows))
                 break
             except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
                 if not is_conflict(exc) or attempt == CONFLICT_RETRIES:
