@@ -166,3 +166,52 @@ def test_an_append_carries_the_commit_metadata_and_transaction_of_a_spark_append
         delta_rs.append(tables.ASSIGNMENTS.path(root),
                         pa.table({"key": ["k2"], "instance": pa.array([0], pa.int32()),
                                   "share": pa.array([None], pa.float64())}))
+
+
+def _engine(table_path, version: int) -> str:
+    """Who wrote a commit: ``spark`` (commitInfo.engineInfo) or ``delta-rs``."""
+    import json
+    from pathlib import Path
+
+    log = Path(table_path, "_delta_log", f"{version:020d}.json").read_text().splitlines()
+    info = next(json.loads(line)["commitInfo"] for line in log if '"commitInfo"' in line)
+    return "spark" if "Apache-Spark" in info.get("engineInfo", "") else (
+        "delta-rs" if "delta-rs" in json.dumps(info) else json.dumps(info))
+
+
+def test_tables_append_of_few_known_rows_commits_through_delta_rs_with_the_same_transaction(
+        spark, tmp_path, monkeypatch):
+    """``tables.append(rows=n)``, as the job's sink writes a micro-batch: up to
+    DRIVER_APPEND_ROWS rows through delta-rs, otherwise (or n unknown) through Spark; a
+    transaction either engine recorded is skipped by the other, so a replay writes once."""
+    from rebalance.spark import delta_rs, tables
+
+    root = tmp_path / "tables"
+    path = tables.ensure_table(spark, tables.QUARANTINE, root)
+    meta = {"job": "t", "batch_id": 3}
+
+    def rows(*ids: str):
+        return spark.createDataFrame([(i, "k", "1", "1", "x", "bad") for i in ids],
+                                     tables.QUARANTINE.schema)
+
+    tables.append(rows("a", "b"), tables.QUARANTINE, root, metadata=meta, txn=("q:t", 3),
+                  rows=2)
+    assert _engine(path, 1) == "delta-rs"
+    assert delta_rs.history(path, 1)[0].metadata == meta
+    tables.append(rows("a", "b"), tables.QUARANTINE, root, txn=("q:t", 3))   # a replay, Spark
+    assert delta_rs.version(path) == 1
+    tables.append(rows("c"), tables.QUARANTINE, root, txn=("q:t", 4))        # count unknown
+    assert _engine(path, 2) == "spark"
+    tables.append(rows("c"), tables.QUARANTINE, root, txn=("q:t", 4), rows=1)  # the replay
+    assert delta_rs.version(path) == 2
+    monkeypatch.setattr(tables, "DRIVER_APPEND_ROWS", 1)
+    tables.append(rows("d", "e"), tables.QUARANTINE, root, txn=("q:t", 5), rows=2)
+    assert _engine(path, 3) == "spark"                                       # above the limit
+    got = sorted(r.event_id for r in tables.read(spark, tables.QUARANTINE, root).collect())
+    assert got == ["a", "b", "c", "d", "e"]
+    # a table with writer features (row tracking) stays on Spark whatever the count
+    tables.publish_assignment(spark, {"k1": 1}, 2, root=root)
+    before = delta_rs.version(tables.ASSIGNMENTS.path(root))
+    tables.append(spark.createDataFrame([("k2", 0, None)], tables.ASSIGNMENTS.schema),
+                  tables.ASSIGNMENTS, root, rows=1)
+    assert _engine(tables.ASSIGNMENTS.path(root), before + 1) == "spark"

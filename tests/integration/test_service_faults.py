@@ -389,6 +389,7 @@ while not Path(stop).exists():
         with open(errors, "a") as out:
             out.write(f"{rid}: {type(exc).__name__}: {str(exc)[:300]!r}\\n")
     i += 1
+    time.sleep(0.2)  # a request commits in milliseconds (delta-rs): a few a second
 spark.stop()
 """
 
@@ -396,13 +397,15 @@ spark.stop()
 def test_a_controlled_restart_while_the_dag_side_writes_restarts_loses_and_doubles_no_row(
         quiet, api, tmp_path):
     """The job writes its restart steps to ``restarts`` while the DAG's side commits restart
-    requests to the same table all along (through the Spark Connect server the DAG's tasks
-    use): every row of either side lands exactly once.
+    requests to the same table all along (as the DAG's tasks do, from a Spark Connect
+    session; both sides commit a step through delta-rs): every row of either side lands
+    exactly once.
 
-    Whether two of those commits overlap (Delta then reconciles the later one over the
-    other) is up to timing, so it is counted and printed, not required; a conflict that
-    Delta does not reconcile is retried by ``RestartControl`` and would show here as a lost
-    or doubled row, or as an error of either side."""
+    Whether two of those commits overlap (the later one is then reconciled over the
+    other: Spark records the older ``readVersion``, delta-rs its ``num_retries``) is up to
+    timing, so it is counted and printed, not required; a conflict that is not reconciled
+    is retried by ``RestartControl`` and would show here as a lost or doubled row, or as
+    an error of either side."""
     import subprocess
     import sys
 
@@ -447,7 +450,7 @@ def test_a_controlled_restart_while_the_dag_side_writes_restarts_loses_and_doubl
     assert written, "the DAG side wrote no request while the run went on"
     # Delta's optimistic concurrency: a commit whose snapshot was older than the version
     # before it was reconciled over the commits in between (a figure, not a requirement).
-    raced, side = [], {}
+    raced, rs_raced, side = [], [], {}
     for version, actions in delta_commits(_tables(service) / "restarts"):
         info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
         meta = commit_metadata(actions)
@@ -457,6 +460,8 @@ def test_a_controlled_restart_while_the_dag_side_writes_restarts_loses_and_doubl
         read = info.get("readVersion")
         if read is not None and version - read > 1:
             raced.append((version, read, side.get(version), meta.get("step")))
+        elif read is None and int((info.get("operationMetrics") or {}).get("num_retries") or 0):
+            rs_raced.append((version, side.get(version), meta.get("step")))
     other = {"job": "dag", "dag": "job"}
     across = [r for r in raced  # reconciled over at least one commit of the other side
               if other.get(r[2]) in {side.get(v) for v in range(r[1] + 1, r[0])}]
@@ -465,5 +470,6 @@ def test_a_controlled_restart_while_the_dag_side_writes_restarts_loses_and_doubl
     service.figures["restarts_conflict"] = {
         "plan_id": plan_id, "job_steps": job_steps, "dag_side_requests": len(written),
         "commits_retried_over_another": len(raced), "across_the_two_sides": len(across),
-        "job_commits_retried": job_raced}
+        "job_commits_retried": job_raced, "delta_rs_commits_retried": len(rs_raced),
+        "delta_rs_job_commits_retried": [r for r in rs_raced if r[1] == "job"]}
     print("restarts conflict:", service.figures["restarts_conflict"], flush=True)

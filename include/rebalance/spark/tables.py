@@ -345,7 +345,7 @@ def append(df: DataFrame, table: Table, root: str | Path | None = None,
     (how micro-batches are written exactly once). Both engines record and honour the
     same transaction ids.
 
-    ``rows``, the number of rows of ``df`` when the caller knows it: up to
+    ``rows``, the number of rows of ``df`` (or a bound on it) when the caller knows it: up to
     :data:`DRIVER_APPEND_ROWS`, on a table delta-rs writes (no writer features), the rows
     are collected as Arrow and committed through delta-rs; otherwise (or unknown) Spark
     writes them.
