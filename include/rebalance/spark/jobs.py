@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from rebalance.core.records import as_utc
-from rebalance.spark import delta_rs, tables
+from rebalance.spark import tables
 from rebalance.spark.plan_store import CONFLICT_BACKOFF_SECONDS, CONFLICT_RETRIES, is_conflict, utcnow
 
 log = logging.getLogger(__name__)
@@ -95,13 +94,8 @@ def record_start(spark: SparkSession, config, capability: str, generation: int |
     meta = {"kind": "job-start", "job": job, "capability": capability}
     for attempt in range(CONFLICT_RETRIES + 1):
         try:  # blind appends; only the table's creation by a concurrent start can conflict
-            path = tables.ensure_table(spark, tables.JOBS, root)
-            if delta_rs.writable(path):   # one row: no Spark job
-                delta_rs.append(path, pa.Table.from_pylist(
-                    [row], schema=delta_rs.arrow_schema(tables.JOBS.schema)), metadata=meta)
-            else:
-                tables.append(spark.createDataFrame([tuple(row.values())], tables.JOBS.schema),
-                              tables.JOBS, root, metadata=meta)
+            tables.ensure_table(spark, tables.JOBS, root)
+            tables.append_rows(spark, [row], tables.JOBS, root, metadata=meta)
             break
         except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
             if not is_conflict(exc) or attempt == CONFLICT_RETRIES:

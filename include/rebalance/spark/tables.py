@@ -1,7 +1,7 @@
 """The project's Delta tables: names, paths, schemas, commit metadata, assignment versions.
 
-Every table is a folder ``<root>/<name>`` (``root=``, default :func:`tables_root`); reads go
-through delta-rs (``spark`` may be None), other writes and :func:`read` through Spark. A new
+Every table is a folder ``<root>/<name>`` (``root=``, default :func:`tables_root`); reads and
+small appends go through delta-rs (``spark`` may be None), others and :func:`read` Spark. A new
 table is one more :class:`Table` in :data:`TABLES`. Columns, engines, and the
 ``assignments`` table's versions and split keys: ``docs/streaming.md``, "Tables".
 
@@ -23,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -329,27 +330,19 @@ def conform(df: DataFrame, table: Table) -> DataFrame:
     return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in table.schema.fields])
 
 
-#: An append of at most this many rows (the caller knows the count) is collected into the
-#: driver and committed through delta-rs: Delta on Spark spends about half a second per
-#: commit on a micro-batch's few rows (docs/benchmarks.md, "One small Delta append").
+#: Up to this many rows, an append whose caller knows the count goes through delta-rs:
+#: Spark spends about 0.5 s per commit on a micro-batch's few rows (docs/benchmarks.md).
 DRIVER_APPEND_ROWS = 200_000
 
 
 def append(df: DataFrame, table: Table, root: str | Path | None = None,
            metadata: Mapping[str, Any] | None = None,
            txn: tuple[str, int] | None = None, rows: int | None = None) -> None:
-    """Append ``df`` as one commit, with ``metadata`` as the commit's userMetadata JSON.
-
-    ``txn = (app_id, version)`` makes the append idempotent: Delta skips it when
-    a commit with the same app id and a version >= this one already exists
-    (how micro-batches are written exactly once). Both engines record and honour the
-    same transaction ids.
-
-    ``rows``, the number of rows of ``df`` (or a bound on it) when the caller knows it: up to
-    :data:`DRIVER_APPEND_ROWS`, on a table delta-rs writes (no writer features), the rows
-    are collected as Arrow and committed through delta-rs; otherwise (or unknown) Spark
-    writes them.
-    """
+    """Append ``df`` as one commit, ``metadata`` as its userMetadata JSON; ``txn = (app_id,
+    version)`` makes it idempotent (skipped when the app id recorded a version >= this one:
+    micro-batches written exactly once; both engines honour the same ids). Known ``rows``
+    (or a bound) up to :data:`DRIVER_APPEND_ROWS`, on a table delta-rs writes (no writer
+    features): collected as Arrow and committed through delta-rs; otherwise Spark writes."""
     path = table.path(root)
     if rows is not None and rows <= DRIVER_APPEND_ROWS and delta_rs.writable(path):
         delta_rs.append(path, conform(df, table).toArrow(),
@@ -359,9 +352,21 @@ def append(df: DataFrame, table: Table, root: str | Path | None = None,
     if metadata:
         writer = writer.option("userMetadata", json.dumps(dict(metadata), sort_keys=True))
     if txn is not None:
-        app_id, version = txn
-        writer = writer.option("txnAppId", app_id).option("txnVersion", int(version))
+        writer = writer.option("txnAppId", txn[0]).option("txnVersion", int(txn[1]))
     writer.save(path)
+
+
+def append_rows(spark: SparkSession | None, rows: list[Mapping[str, Any]], table: Table,
+                root: str | Path | None = None, metadata: Mapping[str, Any] | None = None,
+                txn: tuple[str, int] | None = None) -> None:
+    """Append rows held in this process (mappings of the table's columns) as :func:`append`
+    does: through delta-rs when it writes the table (no Spark job), else through Spark."""
+    path = table.path(root)
+    if not delta_rs.writable(path):
+        return append(spark.createDataFrame([tuple(r[c] for c in table.columns) for r in rows],
+                                            table.schema), table, root, metadata, txn)
+    data = pa.Table.from_pylist([dict(r) for r in rows], schema=delta_rs.arrow_schema(table.schema))
+    delta_rs.append(path, data, metadata=dict(metadata) if metadata else None, txn=txn)
 
 
 def read_pandas(spark: SparkSession | None, table: Table, root: str | Path | None = None,

@@ -108,12 +108,11 @@ class RestartControl:
                 detail["generation"] = dataclasses.asdict(generation)
                 assignment_version = generation.assignment_version
                 n_instances = generation.n_instances
-            rows.append((request_id, step, self.job,
-                         generation.number if generation else None, assignment_version,
-                         n_instances, generation.checkpoint if generation else None,
-                         json.dumps(detail, sort_keys=True, default=str), utcnow()))
+            rows.append(dict(zip(tables.RESTARTS.columns, (
+                request_id, step, self.job, generation.number if generation else None,
+                assignment_version, n_instances, generation.checkpoint if generation else None,
+                json.dumps(detail, sort_keys=True, default=str), utcnow()))))
         names = [step for step, _, _ in steps]
-        df = self.spark.createDataFrame(rows, tables.RESTARTS.schema)
         meta = {"kind": "restart", "job": self.job, "request_id": request_id,
                 "step": names[-1], **({"steps": names} if len(names) > 1 else {})}
         txn = (f"restart:{self.job}:{request_id}", max(STEPS[n] for n in names))
@@ -123,8 +122,8 @@ class RestartControl:
         # the other side) is retried: the transaction id makes a retry write it once.
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
-                tables.append(df, tables.RESTARTS, self.root, metadata=meta, txn=txn,
-                              rows=len(rows))
+                tables.append_rows(self.spark, rows, tables.RESTARTS, self.root,
+                                   metadata=meta, txn=txn)
                 break
             except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts
                 if not is_conflict(exc) or attempt == CONFLICT_RETRIES:
