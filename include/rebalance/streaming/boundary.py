@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 
 class BoundaryGate:
@@ -34,3 +35,14 @@ class BoundaryGate:
         """Refuse every later batch (the caller holds the lock)."""
         if not self.closed:
             self.closed, self.closed_at = True, time.time()
+
+
+def wait_committed(query, checkpoint: str, batch: int | None, deadline: float) -> bool:
+    """Wait until ``checkpoint`` committed ``batch`` (nothing to wait for when None, or once
+    the query ended); False when ``deadline`` (``time.monotonic()``) passed first."""
+    commit = Path(checkpoint, "commits", str(batch))
+    while batch is not None and query.isActive and not commit.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

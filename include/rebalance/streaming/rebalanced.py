@@ -44,7 +44,7 @@ from pyspark.sql.types import (
 from rebalance.spark import delta_rs, tables
 from rebalance.spark.jobs import HANDOFF as HANDS_STATE_OVER
 from rebalance.spark.jobs import record_start
-from rebalance.streaming.boundary import BoundaryGate
+from rebalance.streaming.boundary import BoundaryGate, wait_committed
 from rebalance.streaming.host import (
     EXPORT,
     EXPORTED,
@@ -486,11 +486,8 @@ class RebalancedQuery:
     def _stop_at_boundary(self, timeout_seconds: float = 120.0) -> None:
         """Stop between two batches: the sink finishes the batch it writes and refuses the
         next; once Spark committed the last batch written, the query stops."""
-        last = self.sink.gate.close()
-        deadline = time.monotonic() + timeout_seconds
-        while (last is not None and self.query.isActive and time.monotonic() < deadline
-               and (last_committed_batch(self.checkpoint) or -1) < last):
-            time.sleep(0.1)
+        wait_committed(self.query, self.checkpoint, self.sink.gate.close(),
+                       time.monotonic() + timeout_seconds)
         try:
             self.query.stop()
             self.query.awaitTermination()

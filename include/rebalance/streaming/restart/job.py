@@ -27,6 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from rebalance.spark import tables
 from rebalance.spark.jobs import RESTART, record_start
+from rebalance.streaming.boundary import wait_committed
 from rebalance.streaming.job import JobConfig
 from rebalance.streaming.restart.checkpoint import (
     checkpoint_position,
@@ -476,20 +477,16 @@ class RestartableJob:
         then) is let commit first, so that whatever is left uncommitted at the stop
         wrote nothing.
         """
-        query, gate = self.query, self.writer.gate
+        query, gate, checkpoint = self.query, self.writer.gate, self.generation.checkpoint
         deadline = time.monotonic() + timeout
-        commits = Path(self.generation.checkpoint, "commits")
+        commits = Path(checkpoint, "commits")
         replay = self.replay_batch
-        while replay is not None and query.isActive and not (commits / str(replay)).exists():
-            if time.monotonic() > deadline:
-                raise RestartError(f"replayed batch {replay} did not commit in {timeout} s")
-            time.sleep(0.05)
+        if not wait_committed(query, checkpoint, replay, deadline):
+            raise RestartError(f"replayed batch {replay} did not commit in {timeout} s")
         last = gate.close()
         self.stop_began = gate.closed_at
-        while last is not None and query.isActive and not (commits / str(last)).exists():
-            if time.monotonic() > deadline:
-                raise RestartError(f"batch {last} was written but not committed in {timeout} s")
-            time.sleep(0.05)
+        if not wait_committed(query, checkpoint, last, deadline):
+            raise RestartError(f"batch {last} was written but not committed in {timeout} s")
         query.stop()
         self.query = None
         self.last_commit_at = max((p.stat().st_mtime for p in commits.iterdir()
