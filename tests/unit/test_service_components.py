@@ -310,6 +310,12 @@ def test_the_first_run_covers_the_windows_since_the_generator_started():
     # job's windows), so the job's first window is in, to now
     assert first_interval(started, 20, now) == ("2026-12-06T11:55:20+00:00",
                                                  "2026-12-06T11:56:31+00:00")
+    # triggered 12 s after the generator started: to the end of its second window, so
+    # that the interval holds the two windows a run needs by default (min_windows)
+    soon = dt.datetime(2026, 12, 6, 11, 55, 45, tzinfo=dt.timezone.utc)
+    assert first_interval(started, 20, soon) == ("2026-12-06T11:55:20+00:00",
+                                                  "2026-12-06T11:56:00+00:00")
+    assert first_interval(started, 20, soon, min_windows=3)[1] == "2026-12-06T11:56:20+00:00"
 
 
 def test_a_start_time_read_after_the_wall_clock_moved_is_the_same_start():

@@ -220,3 +220,44 @@ def test_two_jobs_triggers_on_one_triggerer_each_check_and_list_their_own_job(
     assert refused.payload["status"] == "error"
     assert refused.payload["message"].startswith("this payload belongs to job 'clicks'; "
                                                  "the DAG of job 'views' never")
+
+
+def test_a_run_waits_for_a_job_that_just_started_and_from_its_interval_end(monkeypatch):
+    """The windows wait (inputs._wait_until, windows_args): counted from the interval's end
+    when it lies ahead; while the job that (re)started since has written no histogram, it
+    lasts JOB_START_SECONDS from that start; then it counts from the job's first commit
+    (maintenance commits are not the job's); a job started long ago, or no wait, changes
+    nothing. Real tables, written through delta-rs."""
+    from rebalance.control import inputs
+    from rebalance.spark import tables
+
+    now = time.time()
+    ahead = dt.datetime.fromtimestamp(now + 30, dt.timezone.utc)
+    args = inputs.windows_args({}, "rebalance", "manual__x", "manual", ahead - dt.timedelta(
+        minutes=2), ahead)
+    assert args["deadline"] == pytest.approx(now + 30, abs=2) and args["wait"] == 0.0
+    args = {"deadline": now + 5, "wait": 40.0}
+    assert inputs._wait_until(None, args) == now + 5          # no job recorded
+    for table in (tables.JOBS, tables.KEY_HISTOGRAMS):
+        tables.ensure_table(None, table)
+    started = dt.datetime.fromtimestamp(now - 20, dt.timezone.utc)
+    tables.append_rows(None, [{"job": "keyed", "capability": "restart", "app": "t",
+                               "generation": 0, "started_at": started, "host": "h", "pid": 1,
+                               "splits": True}], tables.JOBS)
+    until = inputs._wait_until(None, args)
+    assert until == pytest.approx(now - 20 + inputs.JOB_START_SECONDS, abs=1)
+    assert inputs._wait_until(None, {**args, "wait": 0.0}) == now + 5
+    # a maintenance commit is not the job's first window; the job's own commit is
+    row = {c: None for c in tables.KEY_HISTOGRAMS.columns}
+    tables.append_rows(None, [row], tables.KEY_HISTOGRAMS, metadata={"kind": "maintenance"})
+    assert inputs._wait_until(None, args) == until
+    tables.append_rows(None, [row], tables.KEY_HISTOGRAMS, metadata={"batch_id": 0})
+    first = tables.history(None, tables.KEY_HISTOGRAMS, limit=1)[0].timestamp
+    assert inputs._wait_until(None, args) == pytest.approx(
+        first.replace(tzinfo=dt.timezone.utc).timestamp() + 40, abs=0.01)
+    # a job whose newest start is an hour old: the wait is the run's own
+    monkeypatch.setenv("REBALANCE_JOB_NAME", "other")
+    tables.append_rows(None, [{"job": "other", "capability": "live", "app": "t",
+                               "generation": 0, "started_at": started - dt.timedelta(hours=1),
+                               "host": "h", "pid": 2, "splits": True}], tables.JOBS)
+    assert inputs._wait_until(None, args) == now + 5

@@ -105,8 +105,12 @@ def windows_args(params: Mapping[str, Any], dag_id: str, run_id: str, run_type: 
     """What :func:`windows_check` needs, JSON-able (a trigger carries it): the run, its
     params and the wall-clock deadline (epoch seconds) of its wait, from now."""
     run = RunInfo.of(dag_id, run_id, run_type, data_interval_start, data_interval_end)
-    return {"params": dict(params), "run": run.to_dict(),
-            "deadline": time.time() + windows_wait_seconds()}
+    wait = windows_wait_seconds()
+    # the interval's windows are written after it ends: a run triggered before its
+    # interval's end waits from then
+    since = max(time.time(), run.end.timestamp() if run.end is not None else 0.0)
+    return {"params": dict(params), "run": run.to_dict(), "deadline": since + wait,
+            "wait": wait}
 
 
 def windows_check(args: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,10 +122,11 @@ def windows_check(args: Mapping[str, Any]) -> dict[str, Any]:
     :class:`RunSkipped` when there are too few valid windows or events by then."""
     p = RunParams.parse(args["params"])
     run = RunInfo(**args["run"])
-    # while waiting, nothing changes the answer before a commit or the deadline (waits.py)
-    waiting = {"is_done": False, "xcom_value": None, "recheck_at": float(args["deadline"])}
-    may_wait = not run.is_backfill and time.time() < float(args["deadline"])
     spark = spark_session()
+    deadline = _wait_until(spark, args) if not run.is_backfill else 0.0
+    # while waiting, nothing changes the answer before a commit or the deadline (waits.py)
+    waiting = {"is_done": False, "xcom_value": None, "recheck_at": deadline}
+    may_wait = time.time() < deadline
     stored = plan_store(spark).find_for_run(run.dag_id, run.run_id)
     if stored is not None:
         log.info("run %s already stored plan %s: reusing its inputs", run.run_id, stored.plan_id)
@@ -251,6 +256,44 @@ def _interval_windows(spark, run: RunInfo, lookback: int) -> tuple[int, list[dic
     windows = [{"window_start": as_utc(w).isoformat(), "events": _int(r.events),
                 "assignment_version": _int(r.av)} for w, r in per_window.iterrows()]
     return version, windows
+
+
+#: How long a job that (re)started may take to write its first window (a cold first
+#: micro-batch: about 1-2 minutes under ``make up``) before a run's wait for windows counts
+#: from its start.
+JOB_START_SECONDS = 180.0
+
+
+def _wait_until(spark, args: Mapping[str, Any]) -> float:
+    """The end of the run's wait for windows (epoch seconds): its ``deadline``, or later if
+    the job (re)started since it ended (its newest ``jobs`` row): the wait then counts
+    from the job's first histogram commit after that start, or, before there is one,
+    lasts :data:`JOB_START_SECONDS` from the start. So a run triggered while the job
+    starts (the first run of ``make up``) is not skipped for the windows a cold first
+    micro-batch has not written yet. No wait (``REBALANCE_WINDOWS_WAIT_SECONDS`` 0) stays
+    none."""
+    from rebalance.spark import tables
+    from rebalance.spark.jobs import latest_start
+
+    deadline = float(args["deadline"])
+    wait = float(args.get("wait", 0.0))
+    start = latest_start(spark, job_name()) if wait > 0 else None
+    if start is None or start.started_at is None:
+        return deadline
+    began = start.started_at.timestamp()
+    if time.time() - began > JOB_START_SECONDS + wait:  # long started: nothing to extend
+        return deadline
+    if not tables.exists(spark, tables.KEY_HISTOGRAMS):
+        return max(deadline, began + JOB_START_SECONDS)
+    first = None
+    for commit in tables.commits(spark, tables.KEY_HISTOGRAMS):   # newest first
+        if as_utc(commit.timestamp).timestamp() < began:
+            break
+        if "batch_id" in commit.metadata:   # the job's own writes (not maintenance)
+            first = commit
+    if first is None:
+        return max(deadline, began + JOB_START_SECONDS)
+    return max(deadline, as_utc(first.timestamp).timestamp() + wait)
 
 
 def _passed(spark, run: RunInfo, version: int) -> bool:
