@@ -111,6 +111,21 @@ class AirflowClient:
     def run(self, dag_id: str, run_id: str) -> dict:
         return self.get(_run_path(dag_id, run_id))
 
+    def unfinished_runs(self, dag_id: str, run_type: str, limit: int = 20) -> list[dict]:
+        """The runs of ``dag_id`` of ``run_type`` (``scheduled``, ``manual``, ...) that are
+        queued or running."""
+        return self.get(f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns?run_type="
+                        f"{quote(run_type, safe='')}&state=queued&state=running"
+                        f"&limit={int(limit)}")["dag_runs"]
+
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict:
+        return self.get(_task_path(dag_id, run_id, task_id))
+
+    def skip_from(self, dag_id: str, run_id: str, task_id: str, note: str) -> Any:
+        """Mark the task and every task downstream of it ``skipped``, with ``note`` on it."""
+        return self.call("PATCH", _task_path(dag_id, run_id, task_id),
+                         {"new_state": "skipped", "include_downstream": True, "note": note})
+
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
         """The run's task instances by task id (mapped tasks: the last map index)."""
         got = self.get(_run_path(dag_id, run_id) + "/taskInstances")

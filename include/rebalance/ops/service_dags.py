@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from urllib.parse import quote
 
 from rebalance.control.params import RunParams
 from rebalance.ops.airflow_client import AirflowClient, AirflowError
@@ -84,7 +83,7 @@ def trigger_first_run(service, generator_started: float, dag_id: str) -> str | N
             api = AirflowClient(s.api_url, *service.login(), timeout=30)
             waiting = _waiting_runs(api, dag_id, dt.datetime.fromisoformat(interval[1]))
             begin = min([dt.datetime.fromisoformat(interval[0]),
-                         *[start for _, start in waiting.values()]])
+                         *[start for start, _ in waiting.values()]])
             interval = (begin.isoformat(), interval[1])
             run = api.trigger(dag_id, {}, run_id=f"manual__first__{now.isoformat()}",
                               logical_date=now.isoformat(), data_interval=interval,
@@ -115,18 +114,16 @@ SKIP_NOTE = ("make up: skipped so that it does not hold back the first run, {fir
 def _waiting_runs(api: AirflowClient, dag_id: str, before: dt.datetime
                   ) -> dict[str, tuple[dt.datetime, dt.datetime]]:
     """The scheduled runs of ``dag_id`` queued or running whose data interval ended by
-    ``before``: run id -> (interval end, interval start)."""
-    runs = api.get(f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns?run_type=scheduled"
-                   "&state=queued&state=running&limit=20")["dag_runs"]
+    ``before``: run id -> (interval start, interval end)."""
     found = {}
-    for run in runs:
+    for run in api.unfinished_runs(dag_id, "scheduled"):
         start, end = run.get("data_interval_start"), run.get("data_interval_end")
         if start is None or end is None:
             continue
         end_at = dt.datetime.fromisoformat(end.replace("Z", "+00:00"))
         if end_at <= before:
-            found[run["dag_run_id"]] = (end_at,
-                                        dt.datetime.fromisoformat(start.replace("Z", "+00:00")))
+            found[run["dag_run_id"]] = (dt.datetime.fromisoformat(start.replace("Z", "+00:00")),
+                                        end_at)
     return found
 
 
@@ -142,15 +139,13 @@ def skip_held_back(service, api: AirflowClient, dag_id: str,
     deadline = time.monotonic() + HELD_BACK_SECONDS
     while True:
         try:
-            for run_id, (end, start) in _waiting_runs(api, dag_id, interval[1]).items():
+            for run_id, (start, end) in _waiting_runs(api, dag_id, interval[1]).items():
                 if run_id in skipped or start < interval[0]:
                     continue
-                if api.get(_windows_path(dag_id, run_id))["state"] not in WAITING:
+                if api.task_instance(dag_id, run_id, "windows")["state"] not in WAITING:
                     continue   # past its windows: the run goes on as it is
-                note = SKIP_NOTE.format(first=first_run_id, start=start.isoformat(),
-                                        end=end.isoformat())
-                api.call("PATCH", _windows_path(dag_id, run_id),
-                         {"new_state": "skipped", "include_downstream": True, "note": note})
+                api.skip_from(dag_id, run_id, "windows", SKIP_NOTE.format(
+                    first=first_run_id, start=start.isoformat(), end=end.isoformat()))
                 skipped.append(run_id)
                 service.out(f"{dag_id:14s} run {run_id} skipped: the first run plans on its "
                             "windows")
@@ -164,7 +159,3 @@ def skip_held_back(service, api: AirflowClient, dag_id: str,
             return skipped
         time.sleep(2)
 
-
-def _windows_path(dag_id: str, run_id: str) -> str:
-    return (f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
-            "/taskInstances/windows")
