@@ -22,7 +22,8 @@ from rebalance.cli.job_options import (
     spark_from_args,
 )
 from rebalance.spark.tables import AssignmentError, TableError
-from rebalance.streaming.job import JobError, start_job
+from rebalance.streaming.builtin import start_job
+from rebalance.streaming.job import JobError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -103,7 +103,8 @@ def run(side: str, source: str, instances: int, launched: float) -> dict[str, fl
               .withWatermark("event_time", DELAY))
     processor = SlidingWindows(WINDOW_MS, N_WINDOWS, 120_000)
     if side == "builtin":
-        from rebalance.streaming.job import JobConfig, start_job
+        from rebalance.streaming.builtin import start_job
+        from rebalance.streaming.job import JobConfig
 
         # its own tables each run, its events table a copy of the raw events
         shutil.copytree(raw_source(source), root / "tables" / "events")

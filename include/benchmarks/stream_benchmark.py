@@ -52,7 +52,7 @@ class RunStats:
 
 def run_job(spark, config) -> RunStats:
     """Run the job to completion (availableNow); time the keyed query's batches."""
-    from rebalance.streaming.job import start_job
+    from rebalance.streaming.builtin import start_job
 
     started = time.perf_counter()
     job = start_job(spark, config)

@@ -37,7 +37,8 @@ def test_a_job_that_cannot_restart_is_switched_live_by_auto_and_refused_a_restar
     from rebalance.spark import tables
     from rebalance.spark.jobs import latest_start
     from rebalance.spark.plan_store import PlanStore
-    from rebalance.streaming.job import JobConfig, start_job
+    from rebalance.streaming.builtin import start_job
+    from rebalance.streaming.job import JobConfig
 
     t0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
     _windows_with_state(spark, [t0 + i * dt.timedelta(minutes=1) for i in range(3)],

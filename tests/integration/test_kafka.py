@@ -244,8 +244,9 @@ def _generate(root: str, *args: str) -> str:
 @pytest.mark.slow
 def test_delta_source_drops_duplicates_within_the_watermark(spark, tmp_path):
     from rebalance.spark import tables
+    from rebalance.streaming.builtin import start_job
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
-    from rebalance.streaming.job import JobConfig, start_job
+    from rebalance.streaming.job import JobConfig
 
     root = str(tmp_path / "tables")
     gen = EventGenerator(GeneratorConfig(**GEN))

@@ -96,8 +96,9 @@ def main() -> None:
     from rebalance.cli import audit
     from rebalance.control.inputs import spark_session
     from rebalance.spark import tables
+    from rebalance.streaming.builtin import start_job
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
-    from rebalance.streaming.job import JobConfig, start_job
+    from rebalance.streaming.job import JobConfig
 
     started = time.monotonic()
     print(f"demo data in {root} (fresh), with its own Airflow home "

@@ -27,8 +27,9 @@ def run_workload(folder: Path) -> None:
     """What the archived JVM runs: the classes a driver of the project loads."""
     from rebalance.spark import tables
     from rebalance.spark.session import get_spark
+    from rebalance.streaming.builtin import start_job
     from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
-    from rebalance.streaming.job import JobConfig, start_job
+    from rebalance.streaming.job import JobConfig
 
     spark = get_spark("class-data-archive", conf={"spark.ui.enabled": "false",
                                                   "spark.sql.shuffle.partitions": "2"})

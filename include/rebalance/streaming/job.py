@@ -24,10 +24,8 @@ from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
 
 from rebalance.spark import tables
-from rebalance.spark.jobs import LIVE, record_start
 from rebalance.spark.paths import data_dir
 from rebalance.spark.tables import RAW_EVENT_DDL
 from rebalance.streaming.processor import (
@@ -324,7 +322,7 @@ OUTPUTS: tuple[tuple[str, tables.Table, Callable[[int], list[Column]]], ...] = (
     (RESULT, tables.RESULTS, lambda batch_id: [
         F.lit(batch_id).cast("bigint").alias("batch_id"), "assignment_version", _window_start(),
         "key", "instance", "partition_id", "events", "count", "sum", "sliding_count",
-        "sliding_sum"]),
+        "sliding_sum", F.lit(None).cast("boolean").alias("final")]),
     (KEY_HISTOGRAM, tables.KEY_HISTOGRAMS, lambda batch_id: [
         _window_start(), "key", "count", "cost", "state_bytes", "instance", "default_instance",
         "key_group", "partition_id", "assignment_version",
@@ -342,15 +340,24 @@ def window_results(spark: SparkSession, key_rows: DataFrame, config: JobConfig,
     Every instance closes a window in the same micro-batch (the watermark is the query's),
     so the batch holds every partial of the windows it closes: the shares of a split key,
     the two instances of a key a live switch moved mid-window. Count, sum and cost are
-    their sums; the sliding count and sum add the final rows of the ``w - 1`` windows
-    before, read back from ``window_results`` (closed in earlier batches) or from this
-    batch. A replay computes the same rows: the earlier windows it reads are committed and
-    never change."""
+    their sums (:func:`sliding_results`)."""
     closed = (key_rows.groupBy("window_start_ms", "key")
               .agg(F.sum("count").alias("count"), F.sum("sum").alias("sum"),
                    F.sum("cost").alias("cost"), F.count(F.lit(1)).cast("int").alias("instances"),
-                   F.max("assignment_version").alias("assignment_version"))
-              .withColumn("_closed", F.lit(True)))
+                   F.max("assignment_version").alias("assignment_version")))
+    return sliding_results(spark, closed, config, first_window_ms, batch_id)
+
+
+def sliding_results(spark: SparkSession, closed: DataFrame, config: JobConfig,
+                    first_window_ms: int, batch_id: int) -> DataFrame:
+    """``window_results`` rows of the windows a micro-batch closes (``closed``: one row per
+    window and key with ``window_start_ms``, ``key``, ``count``, ``sum``, ``cost``,
+    ``instances``, ``assignment_version``; the earliest window ``first_window_ms``).
+
+    The sliding count and sum add the rows of the ``w - 1`` windows before, read back from
+    ``window_results`` (closed in earlier batches) or from this batch. A replay computes
+    the same rows: the earlier windows it reads are committed and never change."""
+    closed = closed.withColumn("_closed", F.lit(True))
     span = (config.n_windows - 1) * config.window_ms
     rows = closed
     if span > 0:
@@ -449,97 +456,3 @@ class KeyedOutputWriter(IdempotentSink):
     def after_write(self, batch: DataFrame, batch_id: int,
                     versions: dict[str, int | None]) -> None:
         """Hook after every output of the batch was written (before Spark commits it)."""
-
-
-class QuarantineWriter(IdempotentSink):
-    """``foreachBatch`` of the quarantine query (most batches have nothing to quarantine)."""
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        batch.persist()
-        try:
-            count = batch.count()
-            if count:
-                self.append(batch, tables.QUARANTINE, batch_id, count)
-        finally:
-            batch.unpersist()
-
-
-# --------------------------------------------------------------------------- running
-
-@dataclass
-class KeyedJob:
-    """The job's two running queries."""
-
-    keyed: StreamingQuery
-    quarantine: StreamingQuery
-
-    @property
-    def queries(self) -> tuple[StreamingQuery, StreamingQuery]:
-        return self.keyed, self.quarantine
-
-    def process_all_available(self) -> None:
-        """Block until both queries processed everything available now."""
-        for query in self.queries:
-            query.processAllAvailable()
-
-    def await_termination(self, poll_seconds: float = 2.0) -> None:
-        """Block until both queries end; when one fails, stop the other and raise its error."""
-        try:
-            while any(query.isActive for query in self.queries):
-                for query in self.queries:
-                    query.awaitTermination(poll_seconds)
-            for query in self.queries:
-                query.awaitTermination()
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        for query in self.queries:
-            query.stop()
-
-
-def check_instances(spark: SparkSession, config: JobConfig) -> None:
-    """Fail early when the assignments table or the checkpoint is for another instance count."""
-    tables.create_assignments(spark, config.n_instances, config.tables_root)
-    checkpoint = config.checkpoint("keyed")
-    rows = spark.read.format("state-metadata").load(checkpoint).select("numPartitions").collect()
-    found = {row.numPartitions for row in rows}
-    if found and found != {config.n_instances}:
-        raise JobError(f"checkpoint {checkpoint} has {sorted(found)} state partitions, the job "
-                       f"runs {config.n_instances} instances; use a new checkpoint (and move "
-                       "state offline) to change the instance count")
-
-
-def start_job(spark: SparkSession, config: JobConfig) -> KeyedJob:
-    """Start the quarantine and keyed queries; return them running.
-
-    Records the start in the ``jobs`` table as a job that follows live switches but cannot
-    restart (:data:`rebalance.spark.jobs.LIVE`): ``apply`` then never waits for a
-    controlled restart of it (``auto`` switches live instead; ``restart`` is refused)."""
-    raw = read_events(spark, config)
-    check_instances(spark, config)
-    record_start(spark, config, LIVE, splits=True)
-    for table in (tables.QUARANTINE, tables.RESULTS, tables.KEY_HISTOGRAMS,
-                  tables.INSTANCE_HISTOGRAMS, tables.WINDOW_RESULTS):
-        tables.ensure_table(spark, table, config.tables_root)
-    # Instance i must be shuffle partition i; the query keeps the value it starts with.
-    previous = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", str(config.n_instances))
-    try:
-        quarantine = _start(quarantine_rows(raw), QuarantineWriter, config, "quarantine")
-        keyed = _start(keyed_stream(spark, raw, config), KeyedOutputWriter, config, "keyed")
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", previous)
-    return KeyedJob(keyed, quarantine)
-
-
-def _start(stream: DataFrame, sink: type[IdempotentSink], config: JobConfig,
-           query: str) -> StreamingQuery:
-    name = f"{config.name}-{query}"
-    writer = (stream.writeStream.queryName(name)
-              .foreachBatch(sink(stream.sparkSession, config, name))
-              .option("checkpointLocation", config.checkpoint(query)))
-    if config.trigger_seconds is None:
-        return writer.trigger(availableNow=True).start()
-    return writer.trigger(processingTime=f"{config.trigger_seconds} seconds").start()
