@@ -1,5 +1,6 @@
-"""A job that cannot restart (``keyed_job.py``: :func:`rebalance.streaming.job.start_job`)
-records so when it starts (table ``jobs``); ``apply`` reads it before it asks for a
+"""A job that cannot restart (``keyed_job.py``: :func:`rebalance.streaming.builtin.start_job`,
+a processor with a merge under ``rebalanced()``, whose moved keys' state stays where it
+is) records so when it starts (table ``jobs``); ``apply`` reads it before it asks for a
 controlled restart: ``auto`` above ``restart_above`` switches live instead and says so,
 an explicit ``restart`` is refused at once in one line (issue 20: it waited for the
 15-minute restart timeout, then rolled back). Real Spark and Delta, through
@@ -55,7 +56,7 @@ def test_a_job_that_cannot_restart_is_switched_live_by_auto_and_refused_a_restar
     job.process_all_available()
     job.stop()
     start = latest_start(spark, "keyed")
-    assert start is not None and start.capability == "live"
+    assert start is not None and (start.capability, start.app) == ("live", "rebalanced")
 
     # An explicit restart: refused at once, in one line, nothing published or requested.
     assert cli.main(["apply", "--plan", str(out), "--apply-mode", "restart"]) == 1

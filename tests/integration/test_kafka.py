@@ -152,7 +152,7 @@ def _check(spark, root: str, sent: pd.DataFrame) -> None:
 
     exp = _expected(sent)
     res = _table(spark, tables.RESULTS, root)
-    assert not res.duplicated(["batch_id", "key", "window", "instance"]).any()
+    assert not res.duplicated(["batch_id", "key", "window", "final"]).any()
     got = res.groupby(["key", "window"])["events"].sum().sort_index()
     want = exp.groupby(["key", "window"]).size().sort_index()
     pd.testing.assert_series_equal(got, want, check_names=False)
@@ -171,7 +171,7 @@ def _check(spark, root: str, sent: pd.DataFrame) -> None:
                                    check_names=False)
     # Duplicates: every valid retry is dropped and counted, by the instance of its key,
     # in the window of its event time.
-    instance_of = res.groupby("key")["instance"].agg(["min", "max"])
+    instance_of = kh.groupby("key")["instance"].agg(["min", "max"])
     assert (instance_of["min"] == instance_of["max"]).all()       # no key changed instance
     valid = sent[sent.kind.isna()]
     retries = _expected(valid[valid.event_id.duplicated()].assign(kind=None))

@@ -43,6 +43,7 @@ from pyspark.sql.types import (
 
 from rebalance.spark import delta_rs, tables
 from rebalance.spark.jobs import HANDOFF as HANDS_STATE_OVER
+from rebalance.spark.jobs import LIVE as LIVE_ONLY
 from rebalance.spark.jobs import record_start
 from rebalance.streaming.boundary import BoundaryGate, wait_committed
 from rebalance.streaming.host import (
@@ -419,7 +420,9 @@ class RebalancedQuery:
             spark.conf.set("spark.sql.shuffle.partitions", previous)
         sink.query_id = self.query.id
         self.sink, self.version, self.instances = sink, version, assignment.n_instances
-        record_start(spark, _JobRecord(stream.job, stream.tables_root), HANDS_STATE_OVER, app="rebalanced",
+        # a processor with a merge leaves a moved key's state where it is (its parts merge)
+        record_start(spark, _JobRecord(stream.job, stream.tables_root),
+                     HANDS_STATE_OVER if stream.merge is None else LIVE_ONLY, app="rebalanced",
                      splits=stream.merge is not None)
 
     def _repartition(self, n_instances: int) -> None:
