@@ -17,6 +17,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,28 +56,29 @@ class SkipLog(logging.Handler):
 
 
 class Feeder(threading.Thread):
-    """Appends generator batches up to ``target``; after each new assignment version it
-    raises the target by ``after_switch`` batches (the windows verification waits for)."""
+    """Appends generator batches up to ``target``; once the job runs a new assignment
+    version (``running_version``) it raises the target by ``after_switch`` batches (the
+    windows verification waits for)."""
 
-    def __init__(self, spark, generator, after_switch: int) -> None:
+    def __init__(self, spark, generator, after_switch: int,
+                 running_version: Callable[[], int]) -> None:
         super().__init__(daemon=True, name="generator")
         self.spark = spark.newSession()  # own SQL conf, apart from the DAG's Delta commits
         self.generator = generator
         self.after_switch = after_switch
+        self.running_version = running_version
         self.next_batch = 0
         self.target = 0
         self.stopped = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from rebalance.spark import delta_rs, tables
         from rebalance.streaming.generator import append_batches
 
-        path = tables.ASSIGNMENTS.path()
-        newest = delta_rs.log_version(path)  # a new assignment version: a new commit
+        newest = self.running_version()
         try:
             while not self.stopped.is_set():
-                now = delta_rs.log_version(path)
+                now = self.running_version()
                 if now != newest:
                     newest = now
                     self.target = max(self.target, self.next_batch + self.after_switch)
@@ -116,7 +118,9 @@ def main() -> None:
     job = start_job(spark, JobConfig(n_instances=INSTANCES, window_seconds=WINDOW_SECONDS,
                                      n_windows=3, watermark_seconds=0, trigger_seconds=2,
                                      name="demo"))
-    feeder = Feeder(spark, generator, after_switch=RUN_CONF["verify_windows"] + 2)
+    job.follow_in_background()    # takes each plan the DAG applies
+    feeder = Feeder(spark, generator, after_switch=RUN_CONF["verify_windows"] + 2,
+                    running_version=lambda: job.rebalanced.version)
     feeder.next_batch = 1
     feeder.start()
     print(f"generator and streaming job running ({INSTANCES} instances, {WINDOW_SECONDS} s "

@@ -115,10 +115,8 @@ RESULTS = Table(
     "instance INT, partition_id INT, events BIGINT, count BIGINT, sum DOUBLE, "
     "sliding_count BIGINT, sliding_sum DOUBLE, final BOOLEAN",
     "Per micro-batch, key and window updated: events of the batch, the window's running count "
-    "and sum of value, and the sliding count and sum over the last w windows ending at it. "
-    "The built-in job on rebalanced() (rebalance.streaming.builtin) writes its processor's "
-    "rows: instance and partition_id NULL (they are in the histograms), final true on the "
-    "row of a window the watermark closed; the restartable job's rows have final NULL.")
+    "and sum of value, the sliding count and sum over the last w windows ending at it, final "
+    "on the row of a closed window (the built-in job on rebalanced(); instance NULL there).")
 KEY_HISTOGRAMS = Table(
     "key_histograms",
     "window_start TIMESTAMP, key STRING, count BIGINT, cost DOUBLE, state_bytes BIGINT, "
@@ -137,15 +135,14 @@ INSTANCE_HISTOGRAMS = Table(
     "rebalanced(), the rows a processor passed to count_duplicates; NULL in rows written "
     "before the column was added).")
 WINDOW_RESULTS = Table(
-    "window_results",
-    "window_start TIMESTAMP, key STRING, count BIGINT, sum DOUBLE, cost DOUBLE, "
-    "sliding_count BIGINT, sliding_sum DOUBLE, instances INT, assignment_version BIGINT, "
+    "window_results", "window_start TIMESTAMP, key STRING, count BIGINT, sum DOUBLE, cost "
+    "DOUBLE, sliding_count BIGINT, sliding_sum DOUBLE, instances INT, assignment_version BIGINT, "
     "batch_id BIGINT",
     "Per closed window and key, one final row: count, sum of value and cost merged over the "
     "instances that processed the key in the window (the shares of a split key, both sides "
     "of a live switch), and the sliding count and sum over the last w windows; written once, "
-    "in the micro-batch whose watermark closes the window. From the built-in job on "
-    "rebalanced(), cost and instances are NULL (both are in key_histograms).")
+    "in the micro-batch whose watermark closes the window (from the built-in job on "
+    "rebalanced(), cost and instances NULL: see key_histograms).")
 ASSIGNMENTS = Table(
     "assignments", "key STRING, instance INT, share DOUBLE",
     "Routing table over the default placement, one Delta version per publish (see module doc).",

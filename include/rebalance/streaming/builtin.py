@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -133,6 +133,9 @@ class KeyedJob:
 
     rebalanced: RebalancedQuery
     quarantine: StreamingQuery
+    _follower: threading.Thread | None = field(default=None, init=False, repr=False)
+    _following: threading.Event = field(default_factory=threading.Event, init=False,
+                                        repr=False)
 
     @property
     def keyed(self) -> StreamingQuery:
@@ -181,7 +184,20 @@ class KeyedJob:
             if not self.quarantine.isActive:
                 stop.set()
 
+    def follow_in_background(self, poll_seconds: float = 2.0) -> None:
+        """Take each newly published assignment from a thread of its own, until
+        :meth:`stop` (for a caller that runs something else meanwhile, as ``make demo``
+        runs the DAG)."""
+        self._following = threading.Event()
+        self._follower = threading.Thread(
+            target=self.rebalanced.follow, args=(poll_seconds, self._following),
+            name=f"{self.rebalanced.name}-follow", daemon=True)
+        self._follower.start()
+
     def stop(self) -> None:
+        if self._follower is not None:
+            self._following.set()
+            self._follower.join(timeout=600)
         self.rebalanced.stop()
         self.quarantine.stop()
 
