@@ -12,9 +12,10 @@ a fresh Python process with its own driver on local[2], N = ``--instances`` part
 * ``plain``: :class:`~rebalance.streaming.sliding.SlidingWindows` under
   ``groupBy("key").transformWithStateInPandas``;
 * ``rebalanced``: the same processor under ``rebalanced()``;
-* ``builtin``: the built-in job (``spark_apps/keyed_job.py``: its own vectorised operator,
-  ``streaming/processor.py``, with its tables: results, histograms, window results) on the
-  same events as raw strings, 1-minute windows, 3 of them sliding, the same watermark.
+* ``builtin``: the built-in job (``spark_apps/keyed_job.py``: the same processor under
+  ``rebalanced()`` with its ``Merge``, the events parsed and quarantined first, its rows
+  written to results and window_results) on the same events as raw strings, 1-minute
+  windows, 3 of them sliding, the same watermark.
 
 Per side: the median micro-batch time (``triggerExecution``, the first batch left out),
 events/s over those batches, and the start-up (process start to the first micro-batch

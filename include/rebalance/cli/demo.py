@@ -117,7 +117,7 @@ def main() -> None:
     append_batches(spark, generator, [0])
     job = start_job(spark, JobConfig(n_instances=INSTANCES, window_seconds=WINDOW_SECONDS,
                                      n_windows=3, watermark_seconds=0, trigger_seconds=2,
-                                     name="demo"))
+                                     name="keyed"))   # the job the DAG controls
     job.follow_in_background()    # takes each plan the DAG applies
     feeder = Feeder(spark, generator, after_switch=RUN_CONF["verify_windows"] + 2,
                     running_version=lambda: job.rebalanced.version)
