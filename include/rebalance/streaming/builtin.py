@@ -92,7 +92,7 @@ class ResultsWriter(IdempotentSink):
                 F.count(F.lit(1)).alias("rows"),
                 F.min(F.unix_millis("window_start")).alias("first")).collect()}
             self.started.wait(120)
-            version = self.query.sink.version
+            version = self.query.version_of(batch_id)
             if kinds:
                 self.append(rows.select(
                     F.lit(batch_id).cast("bigint").alias("batch_id"),

@@ -399,6 +399,15 @@ class RebalancedQuery:
             marker.write_text(str(int(latest)))
         return int(marker.read_text())
 
+    def version_of(self, batch_id: int) -> int:
+        """The assignment version micro-batch ``batch_id`` runs with (the batches after a
+        move's export batch run with the version it moved to)."""
+        version = int((Path(self.checkpoint) / "_rebalance" / "first_version").read_text())
+        for exported, switched_to in switches(self.spark, self.checkpoint):
+            if exported < batch_id:
+                version = switched_to
+        return version
+
     def _run(self, version: int) -> None:
         spark, stream = self.spark, self.stream
         assignment = tables.read_assignment(spark, version, stream.tables_root)
