@@ -1,19 +1,17 @@
-"""Streaming benchmark: the keyed job's throughput and its per-instance balance.
+"""Streaming benchmark: the keyed job's per-instance balance.
 
-    python include/benchmarks/stream_benchmark.py            # about 6 minutes on 2 cores
-    python include/benchmarks/stream_benchmark.py --quick    # smaller, about 3 minutes
+    python include/benchmarks/stream_benchmark.py            # about 4 minutes on 2 cores
+    python include/benchmarks/stream_benchmark.py --quick    # smaller, about 2 minutes
 
-1. Throughput: the same events (Zipf, one generator batch per micro-batch) are
-   processed by the job with and without histogram emission, after one warm-up
-   run, alternating the order; events/s is the valid events divided by the
-   summed micro-batch durations of the keyed query (first batch of each run
-   excluded), median over the repeats. Target ratio >= 0.85.
-2. Balance: on Zipf 1.0 with simulated per-event work (task time follows load),
-   the job runs once under hash routing, a routing table is planned from that
-   run's key histograms (``rebalance.core.planners`` "mixed"; LPT of the hot keys if
-   the planner is unavailable), published, and the job runs again on the same
-   events. Per window (= micro-batch) it reports max/mean of the operator's
-   task time across instances. Targets: <= 1.15 balanced, >= 2 under hash.
+On Zipf 1.0 with simulated per-event work (task time follows load), the job runs once
+under hash routing, a routing table is planned from that run's key histograms
+(``rebalance.core.planners`` "mixed"), published, and the job runs again on the same
+events. Per window (= micro-batch) it reports max/mean of the operator's task time
+across instances. Targets: <= 1.15 balanced, >= 2 under hash.
+
+(Its former first part, the job with and without histograms, ended when the keyed job
+moved onto ``rebalanced()``, which measures every key: what the rebalancer costs against
+plain Spark is ``processor_cost_benchmark.py``'s figure.)
 
 Figures are wall-clock on whatever else the machine runs; the output says so.
 """
@@ -24,7 +22,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -68,39 +65,6 @@ def run_job(spark, config) -> RunStats:
 def copy_events(source_root: Path, target_root: Path) -> None:
     """A fresh tables root holding the same ``events`` table (same input for every run)."""
     shutil.copytree(source_root / "events", target_root / "events")
-
-
-def throughput(spark, work: Path, args) -> dict:
-    from rebalance.streaming.generator import EventGenerator, GeneratorConfig, append_batches
-    from rebalance.streaming.job import JobConfig
-
-    source = work / "throughput-events"
-    gen = GeneratorConfig(n_keys=args.keys, zipf=args.zipf, events_per_batch=args.events,
-                          batch_seconds=10.0, n_instances=args.instances, cost_sigma=0.5,
-                          seed=args.seed)
-    append_batches(spark, EventGenerator(gen), range(args.batches), str(source))
-    def config(histograms: bool, name: str) -> JobConfig:
-        root = work / f"throughput-{name}"
-        copy_events(source, root)
-        return JobConfig(n_instances=args.instances, window_seconds=10.0 * args.window_batches,
-                         n_windows=args.window_batches, watermark_seconds=5.0,
-                         emit_histograms=histograms, max_files_per_trigger=1, name=name,
-                         tables_root=str(root), checkpoint_root=str(root / "checkpoints"))
-
-    run_job(spark, config(True, "warmup"))  # JIT, Python workers, Delta caches: not counted
-    runs: dict[bool, list[RunStats]] = {True: [], False: []}
-    for repeat in range(args.repeats):
-        order = (True, False) if repeat % 2 == 0 else (False, True)  # no order bias
-        for histograms in order:
-            name = f"h{int(histograms)}r{repeat}"
-            runs[histograms].append(run_job(spark, config(histograms, name)))
-            print(f"  histograms={histograms!s:5} repeat {repeat}: "
-                  f"{runs[histograms][-1].events_per_second:8.0f} events/s "
-                  f"(wall {runs[histograms][-1].wall:.1f} s)", flush=True)
-    with_h = statistics.median(r.events_per_second for r in runs[True])
-    without = statistics.median(r.events_per_second for r in runs[False])
-    return {"events_per_second_with_histograms": with_h,
-            "events_per_second_without_histograms": without, "ratio": with_h / without}
 
 
 def plan_routing(spark, root: str, n_instances: int, theta: float) -> tuple[dict[str, int], str]:
@@ -186,15 +150,6 @@ def balance(spark, work: Path, args) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer and smaller batches")
-    p.add_argument("--part", choices=("all", "throughput", "balance"), default="all")
-    p.add_argument("--keys", type=int, default=1000)
-    p.add_argument("--zipf", type=float, default=1.0)
-    p.add_argument("--events", type=int, default=20_000, help="events per batch (throughput)")
-    p.add_argument("--batches", type=int, default=12, help="batches (throughput)")
-    p.add_argument("--window-batches", type=int, default=6,
-                   help="batches per histogram window (throughput)")
-    p.add_argument("--instances", type=int, default=4, help="instances (throughput)")
-    p.add_argument("--repeats", type=int, default=2, help="runs per mode (median reported)")
     p.add_argument("--balance-instances", type=int, default=8)
     p.add_argument("--balance-keys", type=int, default=1000)
     p.add_argument("--balance-events", type=int, default=20_000)
@@ -207,19 +162,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     if args.quick:
-        args.events, args.batches, args.window_batches, args.repeats = 10_000, 8, 4, 2
         args.balance_events, args.balance_batches = 10_000, 5
     return args
-
-
-def report_throughput(spark, work: Path, args) -> dict:
-    print(f"throughput: {args.batches} batches x {args.events} events, K={args.keys}, "
-          f"z={args.zipf}, N={args.instances}, window = {args.window_batches} batches", flush=True)
-    t = throughput(spark, work, args)
-    print(f"  with histograms {t['events_per_second_with_histograms']:.0f} events/s, without "
-          f"{t['events_per_second_without_histograms']:.0f} events/s, ratio {t['ratio']:.3f} "
-          "(target >= 0.85)", flush=True)
-    return t
 
 
 def report_balance(spark, work: Path, args) -> dict:
@@ -246,10 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="stream-benchmark-"))
     figures: dict = {}
     try:
-        if args.part in ("all", "throughput"):
-            figures["throughput"] = report_throughput(spark, work, args)
-        if args.part in ("all", "balance"):
-            figures["balance"] = report_balance(spark, work, args)
+        figures["balance"] = report_balance(spark, work, args)
         print(f"machine load average at the end: {os.getloadavg()[0]:.1f} on "
               f"{os.cpu_count()} cores")
         if args.json:

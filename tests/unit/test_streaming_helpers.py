@@ -266,3 +266,18 @@ def test_job_config_validation_and_paths(tmp_path):
                        ({"name": "a b"}, "name"), ({"trigger_seconds": 0}, "trigger")):
         with pytest.raises(JobError, match=match):
             JobConfig(**bad)
+
+
+def test_the_keyed_job_refuses_to_run_without_histograms_before_it_touches_spark():
+    from rebalance.streaming.builtin import processor, start_job
+    from rebalance.streaming.sliding import SlidingWindows
+
+    with pytest.raises(JobError, match="always writes its histograms .* restartable_job.py"):
+        start_job(None, JobConfig(emit_histograms=False))
+    # the built-in processor: duplicates dropped within the watermark, or not at all
+    made = processor(JobConfig(window_seconds=10, n_windows=3, watermark_seconds=5))
+    assert type(made) is SlidingWindows
+    assert (made.window_ms, made.n_windows, made.dedup_ms) == (10_000, 3, 5_000)
+    assert processor(JobConfig(dedup=False)).dedup_ms is None
+    worked = processor(JobConfig(work=lambda cost: None))
+    assert type(worked).__name__ == "WorkedSlidingWindows"

@@ -53,7 +53,8 @@ def add_job_options(parser: argparse.ArgumentParser, *, trigger_seconds: float |
                        help="w: the sliding aggregate covers the last w windows")
     group.add_argument("--watermark-seconds", type=float, default=d.watermark_seconds,
                        help="allowed event-time lateness")
-    group.add_argument("--no-histograms", action="store_true", help="do not emit histograms")
+    group.add_argument("--no-histograms", action="store_true",
+                       help="do not emit histograms (restartable_job.py only)")
     group.add_argument("--no-window-results", action="store_true",
                        help="do not merge closed windows into window_results")
     group.add_argument("--max-files-per-trigger", type=int,

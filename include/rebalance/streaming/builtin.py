@@ -209,6 +209,9 @@ def start_job(spark: SparkSession, config: JobConfig) -> KeyedJob:
     splits allowed): ``apply`` publishes each plan for a live switch, which the query takes
     at its next ``process_all_available`` or while it runs :meth:`KeyedJob.await_termination`.
     Checkpoints: ``<checkpoint_root>/<name>/keyed`` and ``.../quarantine``."""
+    if not config.emit_histograms:
+        raise JobError("the keyed job always writes its histograms (rebalanced() measures "
+                       "every key); --no-histograms is for restartable_job.py")
     raw = read_events(spark, config)
     for table in (tables.QUARANTINE, tables.RESULTS, tables.WINDOW_RESULTS):
         tables.ensure_table(spark, table, config.tables_root)
