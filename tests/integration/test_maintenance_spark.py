@@ -239,7 +239,7 @@ def test_the_jobs_events_stream_runs_on_past_an_expiry_and_liveness_skips_mainte
 
     # liveness: a job commit ages past the limit, then OPTIMIZE (maintenance) commits
     monkeypatch.setenv("REBALANCE_JOB_STALE_SECONDS", "5")
-    row = [(1, 0, dt.datetime(2026, 1, 9), "k0", 0, 0, 1, 1, 1.0, 1, 1.0)]
+    row = [(1, 0, dt.datetime(2026, 1, 9), "k0", 0, 0, 1, 1, 1.0, 1, 1.0, None)]
     for batch in (1, 2):  # two files, so that OPTIMIZE has work
         tables.append(spark.createDataFrame(row, tables.RESULTS.schema), tables.RESULTS,
                       metadata={"job": "keyed", "batch_id": batch})
