@@ -74,6 +74,7 @@ def processor(config: JobConfig) -> SlidingWindows:
     return WorkedSlidingWindows(config.window_ms, config.n_windows, dedup, config.work)
 
 
+@dataclass
 class ResultsWriter(IdempotentSink):
     """The output of the built-in processor under ``rebalanced()``: every row to
     ``results``; the final rows (one per key and closed window, a split key's parts
@@ -83,7 +84,7 @@ class ResultsWriter(IdempotentSink):
 
     query: RebalancedQuery | None = None
     #: set once :attr:`query` is (a batch may run before ``start`` returns)
-    started: threading.Event
+    started: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         rows.persist()
@@ -205,9 +206,10 @@ class KeyedJob:
 def start_job(spark: SparkSession, config: JobConfig) -> KeyedJob:
     """Start the quarantine query and the rebalanced query; return them running.
 
-    The rebalanced query records its start in the ``jobs`` table (capability ``handoff``,
-    splits allowed): ``apply`` publishes each plan for a live switch, which the query takes
-    at its next ``process_all_available`` or while it runs :meth:`KeyedJob.await_termination`.
+    The rebalanced query records its start in the ``jobs`` table (capability ``live``: its
+    processor merges, so a moved key's state stays where it is; splits allowed): ``apply``
+    publishes each plan for a live switch, which the query takes at its next
+    ``process_all_available`` or while it runs :meth:`KeyedJob.await_termination`.
     Checkpoints: ``<checkpoint_root>/<name>/keyed`` and ``.../quarantine``."""
     if not config.emit_histograms:
         raise JobError("the keyed job always writes its histograms (rebalanced() measures "
@@ -226,7 +228,6 @@ def start_job(spark: SparkSession, config: JobConfig) -> KeyedJob:
     except ContractError as exc:
         raise JobError(str(exc)) from None
     writer = ResultsWriter(spark, config, f"{config.name}-rebalanced")
-    writer.started = threading.Event()
     quarantine = _start_quarantine(quarantine_rows(raw), config)
     query = stream.start(writer, config.checkpoint("keyed"), config.trigger_seconds)
     writer.query = query

@@ -1,15 +1,14 @@
-"""The keyed streaming job: parse, quarantine, route by the live assignment, aggregate per key.
+"""What both keyed jobs share, and the restartable job's own operator.
 
-Two streaming queries read the raw events (the Delta table ``events`` or a Kafka topic,
-:func:`read_events`): ``<name>-quarantine`` writes the rows failing validation to
-``quarantine``; ``<name>-keyed`` routes the valid rows by a stream-static join with
-``assignments`` (a new version is used from the next micro-batch on) to
+Shared: :class:`JobConfig`, the validation of raw events (:func:`quarantine_rows`,
+:func:`valid_events`), the sources (:func:`read_events`: the Delta table ``events`` or a
+Kafka topic), :class:`IdempotentSink` and :func:`sliding_results` (``window_results``).
+The built-in job on ``rebalanced()`` is :mod:`rebalance.streaming.builtin`. The
+restartable job (:mod:`rebalance.streaming.restart`) routes the valid rows by a
+stream-static join with ``assignments`` (:func:`keyed_stream`) to
 :class:`~rebalance.streaming.processor.KeyedWindowProcessor` and writes ``results``, the
-histograms and :func:`window_results`, each append an idempotent Delta transaction
-(:class:`IdempotentSink`). Details: ``docs/streaming.md``; the Kafka source: ``docs/kafka.md``.
-
->>> job = start_job(spark, JobConfig(n_instances=4))   # doctest: +SKIP
->>> job.process_all_available(); job.stop()             # doctest: +SKIP
+histograms and :func:`window_results` (:class:`KeyedOutputWriter`). Details:
+``docs/streaming.md``; the Kafka source: ``docs/kafka.md``.
 """
 
 from __future__ import annotations

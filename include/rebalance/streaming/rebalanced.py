@@ -252,16 +252,23 @@ def last_committed_batch(checkpoint: str) -> int | None:
     ids = log_ids(Path(checkpoint) / "commits")
     return ids[-1] if ids else None
 
+def batch_version(spark: SparkSession, checkpoint: str, first_version: int,
+                  batch_id: int) -> int:
+    """The version micro-batch ``batch_id`` runs with: that of the newest switch whose
+    export batch came before it, else ``first_version``."""
+    version = first_version
+    for exported, switched_to in switches(spark, checkpoint):
+        if exported < batch_id:
+            version = switched_to
+    return version
+
 def resume_version(spark: SparkSession, checkpoint: str, first_version: int) -> int:
     """The version the query's next batch runs with: that of the newest switch whose export
     batch the checkpoint committed (an uncommitted export batch replays with the version it
     first ran with), else ``first_version``."""
     done = last_committed_batch(checkpoint)
-    version = first_version
-    for batch_id, switched_to in switches(spark, checkpoint):
-        if done is not None and batch_id <= done:
-            version = switched_to
-    return version
+    return first_version if done is None else batch_version(spark, checkpoint, first_version,
+                                                            done + 1)
 
 # --------------------------------------------------------------------------- the sink
 
@@ -393,20 +400,20 @@ class RebalancedQuery:
 
     def _first_version(self, latest: int) -> int:
         """The version the checkpoint's first batch ran with (recorded at its first start)."""
-        marker = Path(self.checkpoint) / "_rebalance" / "first_version"
+        marker = self._first_version_marker()
         if not marker.exists():
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(str(int(latest)))
         return int(marker.read_text())
 
+    def _first_version_marker(self) -> Path:
+        return Path(self.checkpoint) / "_rebalance" / "first_version"
+
     def version_of(self, batch_id: int) -> int:
         """The assignment version micro-batch ``batch_id`` runs with (the batches after a
         move's export batch run with the version it moved to)."""
-        version = int((Path(self.checkpoint) / "_rebalance" / "first_version").read_text())
-        for exported, switched_to in switches(self.spark, self.checkpoint):
-            if exported < batch_id:
-                version = switched_to
-        return version
+        return batch_version(self.spark, self.checkpoint,
+                             int(self._first_version_marker().read_text()), batch_id)
 
     def _run(self, version: int) -> None:
         spark, stream = self.spark, self.stream
